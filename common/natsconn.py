@@ -1,0 +1,304 @@
+"""The NATS adapter: the only module that imports ``nats`` (nats-py). Everything else sees ``MessageBus``.
+
+Why it is shaped this way:
+- An agent must keep sampling while NATS is down and publish its *latest* sample when NATS returns, never a
+  backlog. So ``publish`` refuses at once (``BusUnavailable``) while disconnected instead of letting nats-py queue
+  into its pending buffer, and the caller keeps only the newest message.
+- nats-py reconnects by itself once connected, at a fixed ``reconnect_time_wait``; a fleet of agents that lost one
+  server would then retry in lockstep. We pass a ``reconnect_to_server_handler`` that applies our capped, jittered
+  :class:`common.backoff.Backoff`, and the first connection uses the same policy in our own loop (nats-py gives up
+  on a first connect that fails).
+- Authentication is by nkey: one seed file per role, mounted from a Secret.
+- Permission violations arrive asynchronously through nats-py's error callback; they are logged and counted, and
+  never kill the connection's user.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import nats
+import nats.errors
+import nats.js.api
+import nats.js.errors
+from nats.aio.client import Client, Server
+from nats.aio.msg import Msg
+
+from common import credentials, logs, subjects
+from common.backoff import Backoff
+from common.errors import BusError, BusPermissionDenied, BusUnavailable
+
+log = logs.get("natsconn")
+
+Handler = Callable[[str, bytes], Awaitable[None]]
+
+
+class Subscription(Protocol):
+    async def unsubscribe(self) -> None: ...
+
+
+class MessageBus(Protocol):
+    """Publish and subscribe on subjects.
+
+    Contract: ``publish`` never blocks on a down server: it raises ``BusUnavailable`` at once when disconnected and
+    ``BusPermissionDenied`` when the server refused this user's credentials. Handlers are called one message at a
+    time per subscription; an exception in a handler is logged and does not end the subscription.
+    """
+
+    @property
+    def connected(self) -> bool: ...
+
+    async def publish(self, subject: str, payload: bytes) -> None: ...
+
+    async def subscribe(self, subject: str, handler: Handler) -> Subscription: ...
+
+    async def flush(self, timeout_s: float = 2.0) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclasses.dataclass(slots=True)
+class BusCounters:
+    """What happened on the connection, for metrics and tests."""
+
+    disconnects: int = 0
+    reconnects: int = 0
+    permission_errors: int = 0
+    async_errors: int = 0
+    last_error: str = ""
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class _NatsSubscription:
+    sub: Any
+
+    async def unsubscribe(self) -> None:
+        try:
+            await self.sub.unsubscribe()
+        except (nats.errors.Error, ConnectionError) as exc:
+            log.debug("unsubscribe_failed", error=str(exc))
+
+
+class NatsBus:
+    """A ``MessageBus`` over nats-py. Create with :meth:`open` (first connection waits with backoff)."""
+
+    def __init__(
+        self,
+        *,
+        servers: str,
+        name: str,
+        nkey_seed: Path | None = None,
+        backoff: Backoff | None = None,
+        on_reconnect: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self._servers = [url.strip() for url in servers.split(",") if url.strip()]
+        self._name = name
+        self._backoff = backoff or Backoff(base_s=0.1, cap_s=5.0)
+        self._on_reconnect = on_reconnect
+        self._client: Client | None = None
+        self.counters = BusCounters()
+        # Read and check the seed now: a mistyped seed is a clear ConfigError at start, not an opaque
+        # "authorization violation" from the server later.
+        self._seed_text = credentials.read_seed_file(nkey_seed).decode("ascii") if nkey_seed is not None else None
+
+    # -- connection ------------------------------------------------------------------------------------------------
+
+    async def connect_once(self, *, timeout_s: float = 2.0) -> None:
+        """One connection attempt; raises ``BusUnavailable`` or ``BusPermissionDenied``."""
+        try:
+            self._client = await nats.connect(
+                servers=self._servers,
+                name=self._name,
+                nkeys_seed_str=self._seed_text,
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                connect_timeout=timeout_s,
+                # Whatever is published while reconnecting is refused by us, so the buffer only needs to hold
+                # the little that is in flight at the moment of a disconnect.
+                pending_size=256 * 1024,
+                reconnect_to_server_handler=self._pick_server,
+                error_cb=self._on_error,
+                disconnected_cb=self._on_disconnected,
+                reconnected_cb=self._on_reconnected,
+            )
+        except nats.errors.AuthorizationError as exc:
+            raise BusPermissionDenied(f"NATS refused the credentials of {self._name}: {exc}") from exc
+        except (TimeoutError, nats.errors.Error, OSError) as exc:
+            if "authorization" in str(exc).lower():
+                raise BusPermissionDenied(f"NATS refused the credentials of {self._name}: {exc}") from exc
+            raise BusUnavailable(f"cannot connect to {','.join(self._servers)}: {exc or type(exc).__name__}") from exc
+
+    async def connect(self) -> None:
+        """Connect, retrying with capped jittered backoff until it works (or the task is cancelled)."""
+        attempt = 0
+        while True:
+            try:
+                await self.connect_once()
+            except BusUnavailable as exc:
+                delay = self._backoff.delay_s(attempt)
+                log.warning("nats_connect_failed", error=str(exc), retry_in_s=round(delay, 2), attempt=attempt)
+                attempt += 1
+                await asyncio.sleep(delay)
+                continue
+            log.info("nats_connected", servers=",".join(self._servers), name=self._name)
+            return
+
+    def _pick_server(self, servers: list[Server], _info: dict[str, Any]) -> tuple[Server | None, float]:
+        # nats-py calls this before every reconnect attempt; Server.reconnects counts failed tries of that server.
+        server = min(servers, key=lambda s: s.reconnects) if servers else None
+        attempts = server.reconnects if server is not None else 0
+        return server, self._backoff.delay_s(attempts, random.random)
+
+    async def _on_error(self, exc: Exception) -> None:
+        text = str(exc) or type(exc).__name__
+        self.counters.last_error = text
+        if "permissions violation" in text.lower() or isinstance(exc, nats.errors.AuthorizationError):
+            self.counters.permission_errors += 1
+            log.error("nats_permission_denied", error=text, name=self._name)
+        else:
+            self.counters.async_errors += 1
+            log.debug("nats_error", error=text)
+
+    async def _on_disconnected(self) -> None:
+        self.counters.disconnects += 1
+        log.warning("nats_disconnected", name=self._name)
+
+    async def _on_reconnected(self) -> None:
+        self.counters.reconnects += 1
+        log.info("nats_reconnected", name=self._name)
+        if self._on_reconnect is not None:
+            try:
+                await self._on_reconnect()
+            except Exception:  # one bad callback must not break nats-py's reconnect loop
+                log.exception("reconnect_callback_failed")
+
+    # -- MessageBus --------------------------------------------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        return self._client is not None and self._client.is_connected
+
+    def _require(self) -> Client:
+        if self._client is None or not self._client.is_connected:
+            raise BusUnavailable("not connected to NATS")
+        return self._client
+
+    async def publish(self, subject: str, payload: bytes) -> None:
+        client = self._require()
+        try:
+            await client.publish(subject, payload)
+        except nats.errors.MaxPayloadError as exc:
+            raise BusError(f"message of {len(payload)} bytes exceeds the server's max_payload: {exc}") from exc
+        except (nats.errors.Error, OSError) as exc:
+            raise BusUnavailable(f"publish to {subject} failed: {exc or type(exc).__name__}") from exc
+
+    async def subscribe(self, subject: str, handler: Handler) -> Subscription:
+        client = self._require()
+
+        async def deliver(msg: Msg) -> None:
+            try:
+                await handler(msg.subject, msg.data)
+            except Exception:
+                log.exception("subscription_handler_failed", subject=msg.subject)
+
+        try:
+            sub = await client.subscribe(subject, cb=deliver)
+        except (nats.errors.Error, OSError) as exc:
+            raise BusUnavailable(f"subscribe to {subject} failed: {exc}") from exc
+        return _NatsSubscription(sub=sub)
+
+    async def flush(self, timeout_s: float = 2.0) -> None:
+        client = self._require()
+        try:
+            await client.flush(timeout=max(1, round(timeout_s)))
+        except (TimeoutError, nats.errors.Error, OSError) as exc:
+            raise BusUnavailable(f"flush failed: {exc or type(exc).__name__}") from exc
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is None or client.is_closed:
+            return
+        try:
+            await client.drain()
+        except (TimeoutError, nats.errors.Error, OSError):
+            await client.close()
+
+    # -- JetStream ---------------------------------------------------------------------------------------------------
+
+    async def declare_telemetry_stream(self) -> None:
+        """Create or update ``QUOTIENT_TELEMETRY``: memory storage, the last message of each telemetry and health
+        subject, so a starting scheduler reads every node's last sample and health at once.
+
+        Idempotent. Called by the scheduler (or an operator), never by agents, which only publish.
+        """
+        client = self._require()
+        config = nats.js.api.StreamConfig(
+            name=subjects.TELEMETRY_STREAM,
+            subjects=[subjects.TELEMETRY_ALL, subjects.HEALTH_ALL],
+            storage=nats.js.api.StorageType.MEMORY,
+            retention=nats.js.api.RetentionPolicy.LIMITS,
+            max_msgs_per_subject=1,
+            discard=nats.js.api.DiscardPolicy.OLD,
+            num_replicas=1,
+        )
+        js = client.jetstream()
+        try:
+            try:
+                await js.add_stream(config)
+            except nats.js.errors.BadRequestError:
+                await js.update_stream(config)
+        except nats.js.errors.ServiceUnavailableError as exc:
+            raise BusUnavailable(f"JetStream is not enabled on the server: {exc}") from exc
+        except (TimeoutError, nats.errors.Error, OSError) as exc:
+            if "permission" in str(exc).lower():
+                raise BusPermissionDenied(f"cannot declare {subjects.TELEMETRY_STREAM}: {exc}") from exc
+            raise BusUnavailable(f"cannot declare {subjects.TELEMETRY_STREAM}: {exc or type(exc).__name__}") from exc
+
+    async def last_message(self, subject: str) -> bytes | None:
+        """The stream's last message on ``subject`` (None when there is none)."""
+        client = self._require()
+        js = client.jetstream()
+        try:
+            msg = await js.get_last_msg(subjects.TELEMETRY_STREAM, subject)
+        except nats.js.errors.NotFoundError:
+            return None
+        except (TimeoutError, nats.errors.Error, OSError) as exc:
+            raise BusUnavailable(f"cannot read the last message of {subject}: {exc or type(exc).__name__}") from exc
+        return bytes(msg.data) if msg.data is not None else b""
+
+    async def last_per_subject(self, subject_filter: str, *, timeout_s: float = 2.0) -> Sequence[tuple[str, bytes]]:
+        """Every subject's last message under ``subject_filter`` in the stream, read with an ephemeral ordered
+        consumer (deliver policy last-per-subject) and returned in stream order."""
+        client = self._require()
+        js = client.jetstream()
+        try:
+            info = await js.stream_info(subjects.TELEMETRY_STREAM, subjects_filter=subject_filter)
+        except (TimeoutError, nats.errors.Error, OSError) as exc:
+            raise BusUnavailable(
+                f"cannot read stream {subjects.TELEMETRY_STREAM}: {exc or type(exc).__name__}"
+            ) from exc
+        expected = len(info.state.subjects or {})
+        if expected == 0:
+            return []
+        out: list[tuple[str, bytes]] = []
+        try:
+            sub = await js.subscribe(
+                subject_filter,
+                ordered_consumer=True,
+                deliver_policy=nats.js.api.DeliverPolicy.LAST_PER_SUBJECT,
+                stream=subjects.TELEMETRY_STREAM,
+            )
+            try:
+                while len(out) < expected:
+                    msg = await sub.next_msg(timeout=timeout_s)
+                    out.append((msg.subject, bytes(msg.data)))
+            finally:
+                await sub.unsubscribe()
+        except (TimeoutError, nats.errors.Error, OSError) as exc:
+            raise BusUnavailable(f"cannot replay {subject_filter}: {exc or type(exc).__name__}") from exc
+        return out
