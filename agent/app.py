@@ -1,0 +1,168 @@
+"""``quotient agent``: wire the real adapters (NVML or fake GPUs, /proc, NATS, metrics) and run the loop.
+
+The only place where the agent's Protocols meet their implementations. Flags > environment (``QUOTIENT_*``) > a
+config file; the node name defaults to ``NODE_NAME``, which the DaemonSet sets through the downward API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from agent.gpus.probe import GpuProbe
+from agent.metrics import CONTENT_TYPE, AgentMetrics
+from agent.podmap import PodMapper
+from agent.publishing import AgentLoop, guarded
+from common import config, logs
+from common.config import Setting
+from common.errors import ConfigError, QuotientError
+from common.httpendpoint import HttpEndpoint, Response
+from common.natsconn import NatsBus
+
+log = logs.get("agent.app")
+
+SETTINGS: tuple[Setting[object], ...] = (
+    Setting(name="node", parse=config.parse_str, default=None, help="node name (default: $NODE_NAME)"),
+    Setting(name="nats", parse=config.parse_nats_url, default="nats://127.0.0.1:4222", help="NATS server URL(s)"),
+    Setting(
+        name="nats_nkey_seed",
+        parse=config.parse_existing_file,
+        default=None,
+        help="file holding this agent's NATS nkey seed (mounted from a Secret)",
+        metavar="FILE",
+    ),
+    Setting(
+        name="interval", parse=config.parse_positive_duration_s, default=1.0, help="sampling interval", metavar="DUR"
+    ),
+    Setting(name="metrics_port", parse=config.parse_port, default=9400, help="port of /metrics and /healthz (0: off)"),
+    Setting(name="metrics_host", parse=config.parse_str, default="0.0.0.0", help="address /metrics listens on"),
+    Setting(name="proc_root", parse=config.parse_existing_dir, default=Path("/proc"), help="proc root for pid->pod"),
+    Setting(
+        name="dcgm_names",
+        parse=config.parse_bool,
+        default=False,
+        help="also export device series under dcgm-exporter's names",
+    ),
+    Setting(
+        name="fake_gpus",
+        parse=config.parse_str,
+        default=None,
+        help="use fake GPUs from a cluster spec (file or inline form such as 1x8xA100-80GB) instead of NVML",
+        metavar="SPEC",
+    ),
+    *config.LOG_SETTINGS,
+)
+
+
+def parse_args(argv: Sequence[str]) -> dict[str, object]:
+    parser = argparse.ArgumentParser(prog="quotient agent", description="GPU telemetry agent (one per GPU node)")
+    config.add_arguments(parser, SETTINGS)
+    values = config.resolve(SETTINGS, parser.parse_args(list(argv)))
+    if values["node"] is None:
+        node = os.environ.get("NODE_NAME", "").strip()
+        if not node:
+            raise ConfigError("--node: no node name given and NODE_NAME is not set (the DaemonSet sets it)")
+        values["node"] = node
+    return values
+
+
+def build_probe(values: dict[str, object]) -> tuple[GpuProbe, Path]:
+    """NVML on a real node; fake GPUs (and their own proc tree) when ``--fake-gpus`` is given."""
+    spec = values["fake_gpus"]
+    node = str(values["node"])
+    proc_root = Path(str(values["proc_root"]))
+    if spec is None:
+        from agent.gpus.nvml import NvmlProbe
+
+        return NvmlProbe(), proc_root
+    from agent import fakenode
+    from common import clusterspec
+
+    fake = fakenode.from_cluster_spec(clusterspec.resolve(str(spec)), node=node)
+    return fake.probe, fake.proc_root
+
+
+async def serve(values: dict[str, object]) -> None:
+    node = str(values["node"])
+    probe, proc_root = build_probe(values)
+    metrics = AgentMetrics(node=node, dcgm_names=bool(values["dcgm_names"]))
+    seed = values["nats_nkey_seed"]
+    loop_ref: list[AgentLoop] = []
+
+    async def reconnected() -> None:
+        if loop_ref:
+            await loop_ref[0].on_reconnect()
+
+    bus = NatsBus(
+        servers=str(values["nats"]),
+        name=f"quotient-agent-{node}",
+        nkey_seed=Path(str(seed)) if seed is not None else None,
+        on_reconnect=reconnected,
+    )
+    agent = AgentLoop(
+        node=node,
+        probe=probe,
+        pods=PodMapper(proc_root),
+        bus=bus,
+        metrics=metrics,
+        interval_s=float(str(values["interval"])),
+    )
+    loop_ref.append(agent)
+    endpoint: HttpEndpoint | None = None
+    port = int(str(values["metrics_port"]))
+    if port:
+        endpoint = HttpEndpoint(
+            host=str(values["metrics_host"]),
+            port=port,
+            routes={
+                "/metrics": lambda: Response(content_type=CONTENT_TYPE, body=metrics.render()),
+                "/healthz": lambda: Response(status=200 if agent.healthy() else 503, body=b"ok\n"),
+            },
+        )
+        await endpoint.start()
+    log.info("agent_starting", node=node, boot=agent.boot, nats=str(values["nats"]), interval_s=values["interval"])
+    try:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(guarded(bus.connect(), "nats-connect"))
+            group.create_task(agent.run())
+    finally:
+        await bus.close()
+        if endpoint is not None:
+            await endpoint.close()
+
+
+def main(argv: Sequence[str]) -> int:
+    try:
+        values = parse_args(argv)
+    except ConfigError as exc:
+        print(f"quotient agent: {exc}", file=sys.stderr)
+        return 2
+    logs.setup(level=str(values["log_level"]), fmt=str(values["log_format"]))
+    try:
+        run(serve(values))
+    except QuotientError as exc:
+        log.error("agent_failed", error=str(exc))
+        return 1
+    return 0
+
+
+def run(coro: object) -> None:
+    """Run ``coro`` on uvloop until it ends or SIGTERM/SIGINT arrives (then cancel it and let it clean up)."""
+    import uvloop
+
+    async def main_task() -> None:
+        assert asyncio.iscoroutine(coro)
+        task = asyncio.ensure_future(coro)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    uvloop.run(main_task())
