@@ -7,9 +7,10 @@ time), in a directory of its own that is handed to the agent as its proc root. T
 the production code, unchanged.
 
 Device assignment for pods named in the spec (``node: X``) follows what the device plugin and the scheduler would
-do on an otherwise empty node: whole-GPU pods take free devices in index order; a fractional pod (``gpu-fraction``)
-goes on the first shared device with room, else the next free one. When the emulator runs pods (later issues), it
-tells the node which devices each pod really got through :meth:`FakeNode.run_pod`.
+do on an otherwise empty node: whole-GPU pods take free devices in index order; a fractional pod (``gpu-fraction``,
+or ``gpu-memory`` converted to a share of the device) goes on the first shared device with room, else the next free
+one. A pod of the spec that is not pinned to a node runs nowhere until something places it: when the emulator runs
+pods (later issues), it tells the node which devices each pod really got through :meth:`FakeNode.run_pod`.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from agent.gpus.fake import FakeGpu, FakeProbe, FakeProcess, MemoryScript
-from common import clusterspec
-from common.errors import ClusterSpecError
+from common import clusterspec, quantities
+from common.errors import ClusterSpecError, QuantityError
+from common.quantities import MIB
 
 _FIRST_PID = 4000
 _HOST_CGROUP = "0::/system.slice/gpu-daemon.service\n"
@@ -163,7 +165,20 @@ class FakeNode:
             self._tempdir = None
 
 
-def _fraction_milli(pod: clusterspec.PodSpec) -> int | None:
+def _fraction_milli(pod: clusterspec.PodSpec, device_memory_bytes: int) -> int | None:
+    """The pod's share of one device in milli-GPU, from ``gpu-fraction`` or ``gpu-memory`` (MiB, or a quantity)."""
+    memory_text = pod.annotations.get("gpu-memory")
+    if memory_text is not None:
+        try:
+            wanted = int(memory_text) * MIB if memory_text.strip().isdigit() else quantities.parse_bytes(memory_text)
+        except QuantityError as exc:
+            raise ClusterSpecError(f"pod {pod.namespace}/{pod.name}: gpu-memory {memory_text!r}: {exc}") from None
+        if not 0 < wanted <= device_memory_bytes:
+            raise ClusterSpecError(
+                f"pod {pod.namespace}/{pod.name}: gpu-memory {memory_text!r} does not fit a device of "
+                f"{quantities.format_bytes(device_memory_bytes)}"
+            )
+        return -(-wanted * 1000 // device_memory_bytes)
     text = pod.annotations.get("gpu-fraction")
     if text is None:
         return None
@@ -181,9 +196,10 @@ def assign_devices(node: clusterspec.NodeSpec, pods: Sequence[clusterspec.PodSpe
     free_whole = [gpu.index for gpu in node.gpus]
     shared: dict[int, int] = {}  # device -> milli-GPU taken by shares
     assignment: dict[str, list[int]] = {}
+    device_memory = min((gpu.memory_bytes for gpu in node.gpus), default=0)
     for pod in pods:
         key = f"{pod.namespace}/{pod.name}"
-        fraction = _fraction_milli(pod)
+        fraction = _fraction_milli(pod, device_memory) if node.gpus else None
         if fraction is not None:
             device = next((index for index, used in sorted(shared.items()) if used + fraction <= 1000), None)
             if device is None:

@@ -3,7 +3,7 @@
 The fake GPUs, the Kubernetes emulator and the trace simulator all need to be told what cluster to pretend to be.
 They read it here and only here, so a file means the same to all three, and every check (names, quantities, GPU
 models, scripts) is made once, with an error that names the file, the line and the field. The results are frozen
-values in integer units (millicores, bytes, nanoseconds). Nothing here does I/O except ``load``.
+values in integer units (millicores, bytes, nanoseconds). Only ``load`` and ``resolve`` touch the file system.
 
 YAML form (only ``nodes`` is required)::
 
@@ -57,12 +57,12 @@ GPU models (``KNOWN_GPU_MODELS``, matched case-insensitively, also by NVML name 
 total NVML reports (what ``nvidia-smi`` shows and GPU Feature Discovery writes to ``nvidia.com/gpu.memory``), not the
 size on the box: an H100 has 81559 MiB, so a pod asking for 80Gi does not fit here either, as on the real card. The
 Alibaba trace's names (P100, T4, V100M16, V100M32, A10) map to those cards; its G1, G2 and G3 are undisclosed, and
-we give them 32 GiB (the trace's largest disclosed card) so that memory-based shares have a size; say ``memory`` to
-choose otherwise. Each device gets a UUID derived from the node name and index (stable across runs), and each node
-the labels GPU Feature Discovery and the kubelet would set: ``kubernetes.io/hostname``, ``kubernetes.io/os``,
-``kubernetes.io/arch`` and, with GPUs, ``nvidia.com/gpu.product`` (the NVML name, spaces as dashes),
-``nvidia.com/gpu.memory`` (MiB) and ``nvidia.com/gpu.count``. Labels written in the spec win over these, to model a
-mislabelled node.
+we give them 32 GiB (about a V100M32, the trace's largest disclosed card) so that memory-based shares have a size;
+say ``memory`` to choose otherwise. Each device gets a UUID derived from the node name and index (stable across
+runs), and each node the labels GPU Feature Discovery and the kubelet would set: ``kubernetes.io/hostname``,
+``kubernetes.io/os``, ``kubernetes.io/arch`` and, with GPUs, ``nvidia.com/gpu.product`` (the NVML name, spaces as
+dashes), ``nvidia.com/gpu.memory`` (MiB) and ``nvidia.com/gpu.count``. Labels written in the spec win over these, to
+model a mislabelled node.
 
 Memory scripts say how much GPU memory a process holds over time, piecewise constant: ``2Gi@0s,30Gi@20s`` is nothing
 before 0s, 2Gi from 0s, 30Gi from 20s on. A point without ``@`` starts at 0s, so ``6Gi`` is a constant. The same text
@@ -354,6 +354,8 @@ class UnownedProcess:
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class NodeSpec:
+    """A node as the kubelet would register it, with its devices and the processes of no pod on them."""
+
     name: str
     milli_cpu: int
     memory_bytes: int
@@ -397,6 +399,8 @@ class PodSpec:
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterSpec:
+    """Nodes in the order written (groups expanded in place), then the pods likewise."""
+
     nodes: tuple[NodeSpec, ...]
     pods: tuple[PodSpec, ...]
 

@@ -101,6 +101,7 @@ class NatsBus:
         self._backoff = backoff or Backoff(base_s=0.1, cap_s=5.0)
         self._on_reconnect = on_reconnect
         self._client: Client | None = None
+        self._closing = False
         self.counters = BusCounters()
         # Read and check the seed now: a mistyped seed is a clear ConfigError at start, not an opaque
         # "authorization violation" from the server later.
@@ -165,6 +166,8 @@ class NatsBus:
             log.debug("nats_error", error=text)
 
     async def _on_disconnected(self) -> None:
+        if self._closing:
+            return
         self.counters.disconnects += 1
         log.warning("nats_disconnected", name=self._name)
 
@@ -221,6 +224,7 @@ class NatsBus:
 
     async def close(self) -> None:
         client, self._client = self._client, None
+        self._closing = True
         if client is None or client.is_closed:
             return
         try:

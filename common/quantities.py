@@ -37,15 +37,26 @@ _QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|
 _QUANTITY_FORMS = "a Kubernetes quantity such as 500m, 2, 1.5, 16Gi, 512Mi, 1e9 or 4G"
 
 
+# A quantity longer than this, or with a larger exponent, cannot be an amount of anything we account (int64 holds
+# 9.2e18); refusing early keeps "1e999999" from building a million-digit number (a minute of CPU) in Decimal.
+_MAX_QUANTITY_CHARS = 64
+_MAX_EXPONENT = 30
+
+
 def parse_quantity(text: str) -> decimal.Decimal:
     """Return the exact value of a Kubernetes quantity string."""
+    if len(text) > _MAX_QUANTITY_CHARS:
+        raise QuantityError(f"{text[:_MAX_QUANTITY_CHARS]!r}... is too long to be {_QUANTITY_FORMS}")
     match = _QUANTITY.match(text.strip())
     if match is None:
         raise QuantityError(f"{text!r} is not {_QUANTITY_FORMS}")
     number, exponent, suffix = match.groups()
     value = decimal.Decimal(number)
     if exponent:
-        return value * (decimal.Decimal(10) ** int(exponent[1:]))
+        power = int(exponent[1:])
+        if abs(power) > _MAX_EXPONENT:
+            raise QuantityError(f"{text!r}: exponent {power} is out of range (at most {_MAX_EXPONENT})")
+        return value * (decimal.Decimal(10) ** power)
     if suffix in _BINARY_SUFFIXES:
         return value * _BINARY_SUFFIXES[suffix]
     return value * _DECIMAL_SUFFIXES[suffix or ""]
@@ -114,6 +125,8 @@ def parse_duration_ns(text: str | int | float) -> int:
     raw = text.strip()
     if not raw:
         raise QuantityError(f"empty duration; expected {_DURATION_FORMS}")
+    if len(raw) > _MAX_QUANTITY_CHARS:
+        raise QuantityError(f"{raw[:_MAX_QUANTITY_CHARS]!r}... is too long to be {_DURATION_FORMS}")
     try:
         seconds = decimal.Decimal(raw)
     except decimal.InvalidOperation:

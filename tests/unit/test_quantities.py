@@ -63,3 +63,10 @@ def test_formatting_is_for_people() -> None:
     assert quantities.format_milli_gpu(250) == "0.25 GPU"
     assert quantities.format_milli_gpu(2000) == "2 GPU"
     assert quantities.format_bytes_quantity(80 * 1024**3) == "80Gi"
+
+
+def test_absurd_exponents_and_lengths_are_refused_quickly() -> None:
+    with pytest.raises(QuantityError, match="exponent"):
+        quantities.parse_bytes("1e999999")
+    with pytest.raises(QuantityError, match="too long"):
+        quantities.parse_bytes("1" * 100)
