@@ -39,8 +39,9 @@ MEMORY_FORMS = (
 # The largest devices sold hold 141 GiB (H200) to 192 GiB (B200); a request above 1 TiB per device is a typo.
 _MAX_MEMORY_BYTES = 1024**4
 _MAX_DEVICES = 64
-_SPELLED = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp])(i?)b\s*$", re.IGNORECASE)
-_DECIMAL_TEXT = re.compile(r"^\s*(?:\d+\.?\d*|\.\d+)\s*$")
+_SPELLED = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgtp])(i?)b\s*$", re.IGNORECASE)
+_DECIMAL_TEXT = re.compile(r"^\s*(?:[0-9]+\.?[0-9]*|\.[0-9]+)\s*$")
+_ASCII_INTEGER = re.compile(r"^[0-9]+$")  # str.isdigit() would accept "²" and other Unicode digits
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,7 +93,7 @@ def parse_gpu_memory(text: str) -> int | AnnotationProblem:
     """``gpu-memory`` in bytes, from any accepted form."""
     raw = text.strip()
     try:
-        if raw.isdigit():
+        if _ASCII_INTEGER.match(raw):
             value = int(raw) * quantities.MIB
         else:
             spelled = _SPELLED.match(raw)
@@ -183,7 +184,7 @@ def parse(pod: Mapping[str, Any]) -> GpuRequest | AnnotationProblem:
         memory = parsed
     devices = 1
     if devices_text is not None:
-        if not devices_text.strip().isdigit() or not 1 <= int(devices_text.strip()) <= _MAX_DEVICES:
+        if not _ASCII_INTEGER.match(devices_text.strip()) or not 1 <= int(devices_text.strip()) <= _MAX_DEVICES:
             return AnnotationProblem(
                 field=NUM_DEVICES,
                 message=f"{NUM_DEVICES} {devices_text!r} must be a whole number from 1 to {_MAX_DEVICES}",

@@ -1,0 +1,269 @@
+"""Which PodGroup a pod belongs to, as KAI's pod-grouper decides it, minus its failure modes. Pure.
+
+The caller resolves the pod's chain of controller owners (reading each owner through the API) and hands the
+chain, or the reason it could not be read, to :func:`decide`. KAI keeps a pod pending when an owner cannot be read
+(403), does not exist (404) or is of a kind it does not know; under vCluster the synced pods' owner is the
+vCluster's own Service on the host, which is why KAI's guide turns ``setOwner`` off. Quotient never leaves a pod
+pending for its owner and never merges a tenant into one group: such a pod gets a group of its own, and the
+decision carries a note for an event that says why. vCluster-synced pods are recognised by the annotations vCluster
+writes on them (``vcluster.loft.sh/owner-set-kind``/``-name`` name the tenant-side workload; ``vcluster.loft.sh/
+namespace`` its namespace); when they name a workload, the pods of that workload are grouped together as KAI would
+group them in the tenant's cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+QUEUE_LABEL = "kai.scheduler/queue"
+DEFAULT_QUEUE = "default-queue"
+POD_GROUP_ANNOTATION = "pod-group-name"
+PRIORITY_CLASS_LABEL = "priorityClassName"
+PREEMPTIBILITY_LABEL = "kai.scheduler/preemptibility"
+
+VCLUSTER_KIND = "vcluster.loft.sh/owner-set-kind"
+VCLUSTER_NAME = "vcluster.loft.sh/owner-set-name"
+VCLUSTER_NAMESPACE = "vcluster.loft.sh/namespace"
+VCLUSTER_MANAGED_BY = "vcluster.loft.sh/managed-by"
+LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
+
+# KAI's priority classes and the defaults by workload kind (KAI-COMPAT.md).
+KAI_PRIORITY_CLASSES = {"train": 50, "build-preemptible": 75, "build": 100, "inference": 125}
+NON_PREEMPTIBLE_FROM = 100
+
+# Kinds whose pods each get a group of their own (no gang), and kinds whose pods share one group.
+_PER_POD = {("batch", "Job"), ("batch", "CronJob"), ("apps", "Deployment")}
+_SHARED = {("apps", "StatefulSet"), ("apps", "ReplicaSet")}
+_KUBEFLOW = {"PyTorchJob": "pytorchReplicaSpecs", "TFJob": "tfReplicaSpecs", "MPIJob": "mpiReplicaSpecs"}
+_RAY = {"RayCluster", "RayJob"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class OwnerProblem:
+    """Why the owner chain could not be read: ``forbidden`` (403), ``missing`` (404) or ``error``."""
+
+    kind: str
+    name: str
+    problem: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Grouping:
+    """The PodGroup a pod belongs to and how that group is made."""
+
+    group_name: str
+    min_member: int
+    queue: str
+    priority_class: str
+    preemptible: bool | None
+    """None: decided from the priority (>= 100 non-preemptible) once the class's value is known."""
+    owner: Mapping[str, Any] | None
+    """The top owner the group is made for (its apiVersion, kind, name, uid), None for a pod's own group."""
+    note: str | None = None
+    """Why the pod got a group of its own when it has an owner: the text of an event."""
+
+
+def _api_group(api_version: str) -> str:
+    return api_version.split("/", 1)[0] if "/" in api_version else ""
+
+
+def _name_part(text: str, limit: int) -> str:
+    cleaned = re.sub(r"[^a-z0-9.-]", "-", text.lower()).strip("-.")
+    return cleaned[:limit].strip("-.") or "x"
+
+
+def group_name(owner_name: str, uid: str) -> str:
+    """``pg-<name>-<uid>`` as KAI names groups, kept a valid object name (at most 253 characters)."""
+    return f"pg-{_name_part(owner_name, 200)}-{_name_part(uid, 48)}"
+
+
+def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return labels if isinstance(labels, dict) else {}
+
+
+def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    return annotations if isinstance(annotations, dict) else {}
+
+
+def _meta(obj: Mapping[str, Any], key: str) -> str:
+    return str((obj.get("metadata") or {}).get(key) or "")
+
+
+def _int(value: object, default: int = 0) -> int:
+    return value if isinstance(value, int) and value >= 0 else default
+
+
+def _kubeflow_min_member(owner: Mapping[str, Any], specs_key: str) -> int:
+    spec = owner.get("spec") or {}
+    policy = ((spec.get("runPolicy") or {}).get("schedulingPolicy") or {}).get("minAvailable")
+    if isinstance(policy, int) and policy > 0:
+        return policy
+    replicas = spec.get(specs_key) or {}
+    total = sum(_int((replica or {}).get("replicas"), 1) for replica in replicas.values() if isinstance(replica, dict))
+    return max(total, 1)
+
+
+def _ray_min_member(owner: Mapping[str, Any]) -> int:
+    spec = owner.get("spec") or {}
+    if owner.get("kind") == "RayJob":
+        spec = spec.get("rayClusterSpec") or {}
+    workers = spec.get("workerGroupSpecs") or []
+    return 1 + sum(_int((group or {}).get("minReplicas"), 0) for group in workers if isinstance(group, dict))
+
+
+def _jobset_min_member(owner: Mapping[str, Any]) -> int:
+    total = 0
+    for job in (owner.get("spec") or {}).get("replicatedJobs") or []:
+        if not isinstance(job, dict):
+            continue
+        parallelism = _int((((job.get("template") or {}).get("spec")) or {}).get("parallelism"), 1)
+        total += _int(job.get("replicas"), 1) * max(parallelism, 1)
+    return max(total, 1)
+
+
+def _priority_class(pod: Mapping[str, Any], owner: Mapping[str, Any] | None, default: str) -> str:
+    for source in (owner, pod):
+        if source is not None and _labels(source).get(PRIORITY_CLASS_LABEL):
+            return _labels(source)[PRIORITY_CLASS_LABEL]
+    spec_class = (pod.get("spec") or {}).get("priorityClassName")
+    return str(spec_class) if spec_class else default
+
+
+def _preemptible(pod: Mapping[str, Any], owner: Mapping[str, Any] | None) -> bool | None:
+    for source in (owner, pod):
+        if source is None:
+            continue
+        value = _labels(source).get(PREEMPTIBILITY_LABEL)
+        if value in ("preemptible", "non-preemptible"):
+            return value == "preemptible"
+    return None
+
+
+def _queue(pod: Mapping[str, Any], owner: Mapping[str, Any] | None, queue_label: str) -> str:
+    for source in (owner, pod):
+        if source is not None and _labels(source).get(queue_label):
+            return _labels(source)[queue_label]
+    return DEFAULT_QUEUE
+
+
+def _own_group(pod: Mapping[str, Any], *, queue_label: str, note: str | None) -> Grouping:
+    return Grouping(
+        group_name=group_name(_meta(pod, "name"), _meta(pod, "uid")),
+        min_member=1,
+        queue=_queue(pod, None, queue_label),
+        priority_class=_priority_class(pod, None, "train"),
+        preemptible=_preemptible(pod, None),
+        owner=None,
+        note=note,
+    )
+
+
+def _vcluster(pod: Mapping[str, Any], queue_label: str) -> Grouping | None:
+    annotations = _annotations(pod)
+    kind, name = annotations.get(VCLUSTER_KIND), annotations.get(VCLUSTER_NAME)
+    if not kind or not name:
+        return None
+    tenant = _labels(pod).get(VCLUSTER_MANAGED_BY, "vcluster")
+    namespace = annotations.get(VCLUSTER_NAMESPACE, "")
+    per_pod = kind in {"Job", "CronJob", "Deployment"}
+    key = f"{tenant}/{namespace}/{kind}/{name}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    if per_pod:
+        return _own_group(pod, queue_label=queue_label, note=None)
+    return Grouping(
+        group_name=group_name(f"{tenant}-{namespace}-{name}", digest),
+        min_member=1,
+        queue=_queue(pod, None, queue_label),
+        priority_class=_priority_class(pod, None, "train"),
+        preemptible=_preemptible(pod, None),
+        owner={"apiVersion": "vcluster.loft.sh/tenant", "kind": kind, "name": name, "uid": digest},
+    )
+
+
+def decide(
+    pod: Mapping[str, Any],
+    owners: Sequence[Mapping[str, Any]] | OwnerProblem,
+    *,
+    queue_label: str = QUEUE_LABEL,
+) -> Grouping:
+    """The group of ``pod``, given its controller owners from the nearest to the top (empty: ownerless)."""
+    if isinstance(owners, OwnerProblem):
+        return _own_group(
+            pod,
+            queue_label=queue_label,
+            note=f"owner {owners.kind}/{owners.name} is {owners.problem} ({owners.message}); the pod gets a group of "
+            "its own",
+        )
+    vcluster = _vcluster(pod, queue_label)
+    if vcluster is not None:
+        return vcluster
+    if not owners:
+        return _own_group(pod, queue_label=queue_label, note=None)
+    # The topmost owner of a kind we group by decides (a Deployment above its ReplicaSet, a CronJob above its Job).
+    for owner in reversed(owners):
+        grouping = _by_owner(pod, owner, queue_label)
+        if grouping is not None:
+            return grouping
+    top = owners[-1]
+    return _own_group(
+        pod,
+        queue_label=queue_label,
+        note=f"owner {top.get('kind')}/{_meta(top, 'name')} is not a workload kind Quotient groups by; the pod gets "
+        "a group of its own",
+    )
+
+
+def _by_owner(pod: Mapping[str, Any], owner: Mapping[str, Any], queue_label: str) -> Grouping | None:
+    kind = str(owner.get("kind") or "")
+    group = _api_group(str(owner.get("apiVersion") or ""))
+    name, uid = _meta(owner, "name"), _meta(owner, "uid")
+    ref = {"apiVersion": owner.get("apiVersion"), "kind": kind, "name": name, "uid": uid}
+
+    def made(min_member: int, default_class: str, *, per_pod: bool = False, suffix: str = "") -> Grouping:
+        return Grouping(
+            group_name=group_name(_meta(pod, "name"), _meta(pod, "uid"))
+            if per_pod
+            else group_name(f"{name}{suffix}", uid),
+            min_member=min_member,
+            queue=_queue(pod, owner, queue_label),
+            priority_class=_priority_class(pod, owner, default_class),
+            preemptible=_preemptible(pod, owner),
+            owner=ref,
+        )
+
+    if (group, kind) in _PER_POD:
+        return made(1, "inference" if kind == "Deployment" else "train", per_pod=True)
+    if (group, kind) in _SHARED:
+        return made(1, "train")
+    if group == "kubeflow.org" and kind in _KUBEFLOW:
+        return made(_kubeflow_min_member(owner, _KUBEFLOW[kind]), "train")
+    if group == "ray.io" and kind in _RAY:
+        return made(_ray_min_member(owner), "train")
+    if group == "jobset.x-k8s.io" and kind == "JobSet":
+        return made(_jobset_min_member(owner), "train")
+    if group == "leaderworkerset.x-k8s.io" and kind == "LeaderWorkerSet":
+        size = _int(((owner.get("spec") or {}).get("leaderWorkerTemplate") or {}).get("size"), 1)
+        index = _labels(pod).get(LWS_GROUP_INDEX, "0")
+        return made(max(size, 1), "train", suffix=f"-{_name_part(index, 10)}")
+    return None
+
+
+def priority_value(priority_class: str, known: Mapping[str, int]) -> int:
+    """The numeric priority of a class: the cluster's PriorityClasses, then KAI's defaults, else ``train``'s 50."""
+    if priority_class in known:
+        return known[priority_class]
+    return KAI_PRIORITY_CLASSES.get(priority_class, KAI_PRIORITY_CLASSES["train"])
+
+
+def is_preemptible(grouping: Grouping, priority: int) -> bool:
+    """KAI: priority >= 100 is non-preemptible unless the preemptibility label says otherwise."""
+    if grouping.preemptible is not None:
+        return grouping.preemptible
+    return priority < NON_PREEMPTIBLE_FROM
