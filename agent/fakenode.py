@@ -55,7 +55,10 @@ def cgroup_line(pod_uid: str, container_id: str, qos: str = "burstable") -> str:
 
 
 def _to_fake_script(script: clusterspec.MemoryScript, *, end_ns: int | None = None) -> MemoryScript:
-    return MemoryScript(steps=script.points, end_ns=end_ns)
+    try:
+        return MemoryScript(steps=script.points, end_ns=end_ns)
+    except ValueError as exc:  # e.g. a duration that ends before the script's first point
+        raise ClusterSpecError(f"memory script {script.text()} with duration {end_ns} ns: {exc}") from exc
 
 
 class FakeNode:
@@ -86,7 +89,7 @@ class FakeNode:
         self._lock = threading.Lock()
         self._next_pid = _FIRST_PID
         self._pod_pids: dict[str, list[int]] = {}
-        self._start_ns = clock()
+        self.started_ns = clock()
         for unowned in node.unowned_processes:
             pid = self._new_pid()
             self._write_process(pid, _HOST_CGROUP)
@@ -95,7 +98,7 @@ class FakeNode:
                     pid=pid,
                     gpu_index=unowned.gpu_index,
                     memory=_to_fake_script(unowned.memory),
-                    start_ns=self._start_ns,
+                    start_ns=self.started_ns,
                 )
             )
 
@@ -110,7 +113,7 @@ class FakeNode:
         (directory / "cgroup").write_text(cgroup)
         # Field 22 of /proc/<pid>/stat is the start time (in clock ticks since boot); the pid number serves, since
         # emulated pids are never reused.
-        fields = ["S", "1", str(pid), str(pid), "0", "-1", "4194560"] + ["0"] * 14 + [str(pid)] + ["0"] * 30
+        fields = ["S", "1", str(pid), str(pid), "0", "-1", "4194560"] + ["0"] * 12 + [str(pid)] + ["0"] * 30
         (directory / "stat").write_text(f"{pid} (python3) {' '.join(fields)}\n")
 
     def run_pod(
@@ -168,9 +171,12 @@ class FakeNode:
 def _fraction_milli(pod: clusterspec.PodSpec, device_memory_bytes: int) -> int | None:
     """The pod's share of one device in milli-GPU, from ``gpu-fraction`` or ``gpu-memory`` (MiB, or a quantity)."""
     memory_text = pod.annotations.get("gpu-memory")
+    if memory_text is not None and pod.annotations.get("gpu-fraction") is not None:
+        raise ClusterSpecError(f"pod {pod.namespace}/{pod.name}: gpu-fraction and gpu-memory are both set")
     if memory_text is not None:
         try:
-            wanted = int(memory_text) * MIB if memory_text.strip().isdigit() else quantities.parse_bytes(memory_text)
+            plain_mib = memory_text.strip().isascii() and memory_text.strip().isdigit()
+            wanted = int(memory_text) * MIB if plain_mib else quantities.parse_bytes(memory_text)
         except QuantityError as exc:
             raise ClusterSpecError(f"pod {pod.namespace}/{pod.name}: gpu-memory {memory_text!r}: {exc}") from None
         if not 0 < wanted <= device_memory_bytes:
@@ -186,9 +192,12 @@ def _fraction_milli(pod: clusterspec.PodSpec, device_memory_bytes: int) -> int |
         value = decimal.Decimal(text)
     except decimal.InvalidOperation:
         raise ClusterSpecError(f"pod {pod.namespace}/{pod.name}: gpu-fraction {text!r} is not a number") from None
-    if not 0 < value < 1:
+    if not (value.is_finite() and 0 < value < 1):  # NaN would raise InvalidOperation on comparison
         raise ClusterSpecError(f"pod {pod.namespace}/{pod.name}: gpu-fraction {text!r} must be within (0, 1)")
-    return int(value * 1000)
+    milli = int(value * 1000)
+    if milli == 0:
+        raise ClusterSpecError(f"pod {pod.namespace}/{pod.name}: gpu-fraction {text!r} is below 0.001 of a GPU")
+    return milli
 
 
 def assign_devices(node: clusterspec.NodeSpec, pods: Sequence[clusterspec.PodSpec]) -> dict[str, list[int]]:
@@ -236,7 +245,7 @@ def from_cluster_spec(
     fake = FakeNode(matches[0], proc_root=proc_root, clock=clock)
     pods = [pod for pod in spec.pods if pod.node == node]
     assignment = assign_devices(matches[0], pods)
-    start = clock()
+    start = fake.started_ns
     for pod in pods:
         devices = assignment.get(f"{pod.namespace}/{pod.name}")
         if not devices or pod.gpu_memory is None:

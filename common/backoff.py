@@ -40,7 +40,7 @@ class Backoff:
     def decide(self, attempt: int, uniform: Callable[[], float] = random.random) -> Retry | GiveUp:
         """What to do after failed attempt number ``attempt`` (0 for the first failure)."""
         if self.max_attempts is not None and attempt >= self.max_attempts:
-            return GiveUp(reason=f"gave up after {attempt} attempts")
+            return GiveUp(reason=f"gave up after {attempt + 1} failed attempts")
         ceiling = min(self.cap_s, self.base_s * (2 ** min(attempt, 62)))
         fraction = self.min_fraction + (1 - self.min_fraction) * uniform()
         return Retry(delay_s=ceiling * fraction)

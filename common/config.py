@@ -4,7 +4,7 @@ Each command declares its settings once (name, parser, default, help). :func:`ad
 argparse parser with no argparse defaults, so an absent flag is distinguishable from a given one; :func:`resolve`
 then takes, for every setting, the flag if given, else the environment variable ``QUOTIENT_<NAME>``, else the
 config file's key ``<name>`` (YAML, ``--config FILE``), else the default. A bad value names the setting and where it
-came from ("--interval: '1x' is not a duration ..." or "QUOTIENT_INTERVAL=..."), so a user knows what to fix.
+came from ("--interval: '1x' is not a duration ..." or "QUOTIENT_INTERVAL: ..."), so a user knows what to fix.
 """
 
 from __future__ import annotations
@@ -102,6 +102,8 @@ def resolve(
             raw, source = env[setting.env], f"{setting.env}"
         if raw is None and setting.name in file_values:
             raw, source = file_values[setting.name], f"config file key {setting.name}"
+            if raw is None:
+                raise ConfigError(f"{source}: has no value; give one or remove the key")
         if raw is None:
             values[setting.name] = setting.default
             continue
@@ -134,10 +136,10 @@ def parse_bool(raw: object) -> bool:
 
 
 def parse_port(raw: object) -> int:
-    try:
-        port = int(str(raw))
-    except ValueError:
-        raise ValueError(f"{raw!r} is not a port number") from None
+    text = str(raw).strip()
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError(f"{raw!r} is not a port number")
+    port = int(text)
     if not 0 <= port <= 65535:
         raise ValueError(f"{port} is not a port number (0-65535; 0 disables)")
     return port

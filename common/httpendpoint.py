@@ -19,7 +19,14 @@ log = logs.get("http")
 
 _MAX_REQUEST_BYTES = 16 * 1024
 _READ_TIMEOUT_S = 5.0
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    503: "Service Unavailable",
+}
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,9 +66,12 @@ class HttpEndpoint:
                 await server.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head_only = False
         try:
-            response = await asyncio.wait_for(self._respond(reader), _READ_TIMEOUT_S)
-        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+            response, head_only = await asyncio.wait_for(self._respond(reader), _READ_TIMEOUT_S)
+        except TimeoutError:
+            response = Response(status=408, body=b"request timeout\n")
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
             response = Response(status=400, body=b"bad request\n")
         except Exception:
             log.exception("http_handler_failed")
@@ -72,7 +82,7 @@ class HttpEndpoint:
             "Connection: close\r\n\r\n"
         )
         try:
-            writer.write(head.encode("ascii") + response.body)
+            writer.write(head.encode("ascii") + (b"" if head_only else response.body))
             await writer.drain()
         except ConnectionError:
             pass
@@ -81,18 +91,18 @@ class HttpEndpoint:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _respond(self, reader: asyncio.StreamReader) -> Response:
+    async def _respond(self, reader: asyncio.StreamReader) -> tuple[Response, bool]:
         head = await reader.readuntil(b"\r\n\r\n")
         if len(head) > _MAX_REQUEST_BYTES:
-            return Response(status=400, body=b"request too large\n")
+            return Response(status=400, body=b"request too large\n"), False
         request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
         parts = request_line.split(" ")
         if len(parts) != 3:
-            return Response(status=400, body=b"malformed request line\n")
+            return Response(status=400, body=b"malformed request line\n"), False
         method, target, _version = parts
         if method not in ("GET", "HEAD"):
-            return Response(status=405, body=b"only GET\n")
+            return Response(status=405, body=b"only GET\n"), False
         route = self._routes.get(target.split("?", 1)[0])
         if route is None:
-            return Response(status=404, body=b"not found\n")
-        return route()
+            return Response(status=404, body=b"not found\n"), method == "HEAD"
+        return route(), method == "HEAD"

@@ -22,7 +22,8 @@ LEVELS = ("debug", "info", "warning", "error")
 
 def _logfmt_value(value: object) -> str:
     text = str(value)
-    if text == "" or any(ch in text for ch in ' "=\n\t'):
+    # Quote anything that could split or forge a line: spaces, quotes, "=", and every control character.
+    if text == "" or any(ch in ' "=' or not ch.isprintable() for ch in text):
         return json.dumps(text)
     return text
 

@@ -27,7 +27,8 @@ def node_token(node: str) -> str:
     if not node:
         raise ValueError("empty node name")
     token = node.replace(".", "~")
-    if any(ch in _FORBIDDEN for ch in token):
+    # "~" stands for "." in a token, so a name holding one would share a subject with its dotted twin.
+    if "~" in node or any(ch in _FORBIDDEN for ch in token):
         raise ValueError(f"node name {node!r} cannot be a NATS subject token")
     return token
 
