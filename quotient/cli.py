@@ -14,6 +14,8 @@ from collections.abc import Sequence
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("agent.app", "run the node agent: GPU telemetry over NATS (a DaemonSet on every GPU node)"),
+    "scheduler": ("scheduler.app", "run the Kubernetes scheduler (leader-elected; watches, places, binds)"),
+    "emulator": ("quotient.emulator.app", "run the local Kubernetes API emulator (nodes from a cluster spec)"),
     "nats-keys": ("quotient.natskeys", "generate the NATS nkey seeds and Secrets for the agent, scheduler and readers"),
     "nodes": ("quotient.nodes", "run emulated GPU nodes (real agents over fake GPUs) from a cluster spec"),
     "simulate": ("quotient.simulate", "replay a trace or workload through the placement engine"),

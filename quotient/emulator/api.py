@@ -1,0 +1,610 @@
+"""The API semantics: what get, list, create, update, patch, delete and binding do, independent of HTTP.
+
+The HTTP layer (``server.py``), the controllers and the test hooks all write through here, so a pod a ReplicaSet
+creates passes the same defaults, admission and validation as one ``kubectl`` creates, and every write lands in the
+store (and thus in every watch) the same way. Outcomes a client must handle are values: each call returns the
+object or a ``Failure`` (404, 409, 422, ...), which the HTTP layer renders as a ``Status``.
+
+The order of a create follows the API server: defaults, built-in admission (priority, tolerations, service
+account), mutating webhooks, defaults again, then the name from ``generateName`` with a UID and timestamps, then
+validation, validating webhooks, and the store. Updates check ``metadata.resourceVersion`` (409 Conflict when stale,
+which leader election relies on), keep what the caller may not change (status through the main resource, spec
+through ``/status``, the object's identity), bump ``generation`` on spec changes, and store nothing when nothing
+changed. Deletion is graceful for bound pods (the kubelet finishes it), waits on finalizers, and for namespaces
+hands over to the namespace controller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from quotient.emulator import conversions, defaulting, patches, selectors, status, validation
+from quotient.emulator.admission import Attributes, Webhooks
+from quotient.emulator.kinds import Kind, Registry
+from quotient.emulator.objects import (
+    Obj,
+    child,
+    clone,
+    is_deleting,
+    metadata,
+    set_condition,
+    status_copy,
+    timestamp,
+)
+from quotient.emulator.store import Store
+
+# apimachinery's SafeEncodeString alphabet (no vowels, no confusable characters), used for generated names.
+NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+_GENERATED_SUFFIX = 5
+_GENERATE_ATTEMPTS = 8  # the API server retries a generated name that exists (RetryGenerateName)
+_SYSTEM_FIELDS = (
+    "uid",
+    "resourceVersion",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "generation",
+    "managedFields",
+    "selfLink",
+)
+CRDS = "customresourcedefinitions.apiextensions.k8s.io"
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+def random_suffix(length: int = _GENERATED_SUFFIX) -> str:
+    return "".join(secrets.choice(NAME_ALPHABET) for _ in range(length))
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteOptions:
+    grace_period_s: int | None = None
+    propagation: str = "Background"  # Background, Foreground (served as Background) or Orphan
+    uid: str | None = None  # preconditions
+    resource_version: str | None = None
+    dry_run: bool = False
+
+    @classmethod
+    def from_body(
+        cls, body: Any, *, grace: str | None = None, propagation: str | None = None, dry_run: bool = False
+    ) -> DeleteOptions:
+        """From a ``DeleteOptions`` body and the query parameters (which win)."""
+        body = body if isinstance(body, dict) else {}
+        preconditions = body.get("preconditions") if isinstance(body.get("preconditions"), dict) else {}
+        period = body.get("gracePeriodSeconds")
+        if grace is not None and grace.lstrip("-").isdigit():
+            period = int(grace)
+        return cls(
+            grace_period_s=int(period) if isinstance(period, int) else None,
+            propagation=str(propagation or body.get("propagationPolicy") or "Background"),
+            uid=preconditions.get("uid"),
+            resource_version=preconditions.get("resourceVersion"),
+            dry_run=dry_run or bool(body.get("dryRun")),
+        )
+
+
+class Api:
+    def __init__(self, *, store: Store, registry: Registry, webhooks: Webhooks, clock: Callable[[], float]) -> None:
+        self.store = store
+        self.registry = registry
+        self.webhooks = webhooks
+        self.clock = clock
+
+    def now(self) -> str:
+        return timestamp(self.clock())
+
+    # --- Reads ---
+
+    def get(self, kind: Kind, namespace: str, name: str) -> Obj | status.Failure:
+        found = self.store.get(kind.storage, namespace if kind.namespaced else "", name)
+        if found is None:
+            return status.not_found(kind.plural, name, group=kind.group)
+        return found
+
+    def select(
+        self,
+        kind: Kind,
+        namespace: str | None,
+        labels: selectors.LabelSelector = selectors.EVERYTHING,
+        fields: selectors.FieldSelector = selectors.ALL_FIELDS,
+    ) -> list[Obj]:
+        """Matching objects in the stored form (selectors see the served form)."""
+        scope = namespace if kind.namespaced else None
+        exact_name = fields.exact("metadata.name")
+        if exact_name is not None and (scope is not None or not kind.namespaced):
+            one = self.store.get(kind.storage, scope or "", exact_name)  # a watch or list of one object
+            candidates = [one] if one is not None else []
+        else:
+            candidates = self.store.objects(kind.storage, scope)
+        if labels.empty and fields.empty:
+            return candidates
+        return [
+            obj
+            for obj in candidates
+            if labels.matches_object(obj) and fields.matches(conversions.from_storage(kind, obj))
+        ]
+
+    # --- Create ---
+
+    def _check_identity(self, kind: Kind, obj: Obj, namespace: str) -> status.Failure | None:
+        api_version, kind_name = obj.get("apiVersion"), obj.get("kind")
+        storage_kind = kind
+        if kind.api_version == conversions.EVENTS_V1:
+            storage_kind = self.registry.by_gvk("v1", "Event") or kind
+        if api_version and api_version != storage_kind.api_version:
+            return status.bad_request(
+                f"the API version in the data ({api_version}) does not match the expected API version "
+                f"({kind.api_version})"
+            )
+        if kind_name and kind_name != kind.kind:
+            return status.bad_request(
+                f"the kind in the data ({kind_name}) does not match the expected kind ({kind.kind})"
+            )
+        obj["apiVersion"], obj["kind"] = storage_kind.api_version, kind.kind
+        meta = obj.get("metadata")
+        if meta is None:
+            meta = obj["metadata"] = {}
+        if not isinstance(meta, dict):
+            return status.bad_request("metadata must be an object")
+        if kind.namespaced:
+            given = meta.get("namespace")
+            if given and given != namespace:
+                return status.bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
+            meta["namespace"] = namespace
+        else:
+            meta.pop("namespace", None)
+        return None
+
+    def _check_namespace(self, kind: Kind, namespace: str, name: str) -> status.Failure | None:
+        if not kind.namespaced:
+            return None
+        found = self.store.get("namespaces", "", namespace)
+        if found is None:
+            return status.not_found("namespaces", namespace)
+        if is_deleting(found):
+            return status.forbidden(
+                kind.plural,
+                name,
+                f"unable to create new content in namespace {namespace} because it is being terminated",
+                group=kind.group,
+            )
+        return None
+
+    async def create(self, kind: Kind, namespace: str, body: Any, *, dry_run: bool = False) -> Obj | status.Failure:
+        """Create an object; takes ownership of ``body`` (a fresh dict)."""
+        if not isinstance(body, dict):
+            return status.bad_request("the body of the request must be a JSON object")
+        obj = conversions.to_storage(kind, body)
+        failure = self._check_identity(kind, obj, namespace)
+        if failure is not None:
+            return failure
+        meta = obj["metadata"]
+        failure = self._check_namespace(kind, namespace, str(meta.get("name") or meta.get("generateName") or ""))
+        if failure is not None:
+            return failure
+        for field in _SYSTEM_FIELDS:
+            meta.pop(field, None)
+        if kind.has_status and kind.storage != "nodes":  # nodes register with their status; others start empty
+            obj.pop("status", None)
+        defaulting.apply(kind.storage, obj)
+        if kind.storage == "pods":
+            failure = defaulting.admit_pod(obj, self.store)
+            if failure is not None:
+                return failure
+        if self.webhooks.configured():
+            mutated = await self.webhooks.mutate(self._attributes(kind, "CREATE", obj, None, dry_run))
+            if isinstance(mutated, status.Failure):
+                return mutated
+            obj = conversions.to_storage(kind, mutated)
+            meta = obj.setdefault("metadata", {})
+            defaulting.apply(kind.storage, obj)
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = self._generate_name(kind, namespace, str(meta["generateName"]))
+        name = str(meta.get("name") or "")
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = self.now()
+        meta["generation"] = 1
+        if kind.storage == "jobs.batch":
+            defaulting.job_selector(obj)
+        causes = validation.check_metadata(kind.storage, obj, namespaced=kind.namespaced)
+        causes += validation.check_create(kind.storage, obj)
+        if causes:
+            return status.invalid(kind.kind, name, causes, group=kind.group)
+        if self.webhooks.configured():
+            failure = await self.webhooks.validate(self._attributes(kind, "CREATE", obj, None, dry_run))
+            if failure is not None:
+                return failure
+        if self.store.get(kind.storage, meta.get("namespace", ""), name) is not None:
+            return status.already_exists(kind.plural, name, group=kind.group)
+        if kind.storage == CRDS:
+            self._establish(obj)
+        if dry_run:
+            return obj
+        stored = self.store.create(kind.storage, obj)
+        if kind.storage == CRDS:
+            self.registry.add_crd(stored)
+        return stored
+
+    def _generate_name(self, kind: Kind, namespace: str, prefix: str) -> str:
+        scope = namespace if kind.namespaced else ""
+        for _ in range(_GENERATE_ATTEMPTS):
+            candidate = prefix[: 63 - _GENERATED_SUFFIX] + random_suffix()
+            if self.store.get(kind.storage, scope, candidate) is None:
+                return candidate
+        return prefix + random_suffix()
+
+    def _establish(self, crd: Obj) -> None:
+        now = self.now()
+        crd["status"] = {
+            "acceptedNames": dict((crd.get("spec") or {}).get("names") or {}),
+            "conditions": [
+                {
+                    "type": "NamesAccepted",
+                    "status": "True",
+                    "reason": "NoConflicts",
+                    "message": "no conflicts found",
+                    "lastTransitionTime": now,
+                },
+                {
+                    "type": "Established",
+                    "status": "True",
+                    "reason": "InitialNamesAccepted",
+                    "message": "the initial names have been accepted",
+                    "lastTransitionTime": now,
+                },
+            ],
+            "storedVersions": [
+                str(v.get("name"))
+                for v in (crd.get("spec") or {}).get("versions") or []
+                if isinstance(v, dict) and v.get("storage")
+            ],
+        }
+
+    def _attributes(
+        self, kind: Kind, operation: str, obj: Obj | None, old: Obj | None, dry_run: bool, subresource: str = ""
+    ) -> Attributes:
+        source = obj if obj is not None else old or {}
+        return Attributes(
+            kind=kind,
+            operation=operation,
+            namespace=str(metadata(source).get("namespace") or ""),
+            name=str(metadata(source).get("name") or ""),
+            subresource=subresource,
+            obj=conversions.from_storage(kind, obj) if obj is not None else None,
+            old=conversions.from_storage(kind, old) if old is not None else None,
+            dry_run=dry_run,
+        )
+
+    # --- Update and patch ---
+
+    async def update(
+        self, kind: Kind, namespace: str, name: str, body: Any, *, subresource: str = "", dry_run: bool = False
+    ) -> Obj | status.Failure:
+        current = self.store.get(kind.storage, namespace if kind.namespaced else "", name)
+        if current is None:
+            return status.not_found(kind.plural, name, group=kind.group)
+        if not isinstance(body, dict):
+            return status.bad_request("the body of the request must be a JSON object")
+        new = conversions.to_storage(kind, body)
+        failure = self._check_identity(kind, new, namespace)
+        if failure is not None:
+            return failure
+        given = metadata(new).get("name")
+        if given and given != name:
+            return status.bad_request(f"the name of the object ({given}) does not match the name on the URL ({name})")
+        if not kind.builtin and not metadata(new).get("resourceVersion"):
+            return status.invalid(
+                kind.kind,
+                name,
+                [status.invalid_value("metadata.resourceVersion", 0, "must be specified for an update")],
+                group=kind.group,
+            )
+        return await self._update(kind, current, new, subresource=subresource, dry_run=dry_run)
+
+    async def patch(
+        self,
+        kind: Kind,
+        namespace: str,
+        name: str,
+        content_type: str,
+        body: Any,
+        *,
+        subresource: str = "",
+        dry_run: bool = False,
+    ) -> Obj | status.Failure:
+        current = self.store.get(kind.storage, namespace if kind.namespaced else "", name)
+        if current is None:
+            return status.not_found(kind.plural, name, group=kind.group)
+        patched = patches.apply_patch(
+            conversions.from_storage(kind, current), content_type, body, strategic_allowed=kind.strategic_merge
+        )
+        if isinstance(patched, status.Failure):
+            return patched
+        new = conversions.to_storage(kind, patched)
+        failure = self._check_identity(kind, new, namespace)
+        if failure is not None:
+            return failure
+        return await self._update(kind, current, new, subresource=subresource, dry_run=dry_run)
+
+    async def _update(
+        self, kind: Kind, current: Obj, new: Obj, *, subresource: str, dry_run: bool
+    ) -> Obj | status.Failure:
+        name = str(metadata(current).get("name"))
+        given_rv = metadata(new).get("resourceVersion")
+        if given_rv and str(given_rv) != metadata(current).get("resourceVersion"):
+            return status.conflict(kind.plural, name, status.STALE, group=kind.group)
+        merged: Obj
+        if subresource == "status":
+            merged = clone(current)
+            if "status" in new:
+                merged["status"] = new["status"]
+            else:
+                merged.pop("status", None)
+        else:
+            merged = new
+            if kind.has_status and kind.storage != "namespaces":
+                if "status" in current:
+                    merged["status"] = current["status"]
+                else:
+                    merged.pop("status", None)
+            elif kind.storage == "namespaces":
+                merged["status"] = current.get("status", {})
+            defaulting.apply(kind.storage, merged)
+        meta, old_meta = merged.setdefault("metadata", {}), metadata(current)
+        for field in (
+            "uid",
+            "creationTimestamp",
+            "namespace",
+            "name",
+            "generation",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "resourceVersion",
+        ):
+            if field in old_meta:
+                meta[field] = old_meta[field]
+            else:
+                meta.pop(field, None)
+        if subresource != "status" and _spec_of(kind, merged) != _spec_of(kind, current):
+            meta["generation"] = int(old_meta.get("generation") or 1) + 1
+        causes = validation.check_metadata(kind.storage, merged, namespaced=kind.namespaced)
+        if subresource != "status":
+            causes += validation.check_update(kind.storage, merged, current)
+        if causes:
+            return status.invalid(kind.kind, name, causes, group=kind.group)
+        if self.webhooks.configured():
+            attributes = self._attributes(kind, "UPDATE", merged, current, dry_run, subresource)
+            mutated = await self.webhooks.mutate(attributes)
+            if isinstance(mutated, status.Failure):
+                return mutated
+            merged = conversions.to_storage(kind, mutated)
+            failure = await self.webhooks.validate(dataclasses.replace(attributes, obj=mutated))
+            if failure is not None:
+                return failure
+            if self.store.get(kind.storage, meta.get("namespace", ""), name) is not current:
+                return status.conflict(kind.plural, name, status.STALE, group=kind.group)
+        if merged == current:
+            return current
+        if dry_run:
+            return merged
+        finished = kind.storage != "pods" or meta.get("deletionGracePeriodSeconds") == 0
+        if is_deleting(merged) and not metadata(merged).get("finalizers") and finished:
+            removed = self.store.delete(kind.storage, meta.get("namespace", ""), name)
+            return removed if removed is not None else merged
+        if kind.storage == CRDS:
+            self.registry.remove_crd(name)
+            self.registry.add_crd(merged)
+        return self.store.replace(kind.storage, merged)
+
+    def write(self, kind: Kind, obj: Obj) -> Obj | status.Failure:
+        """A controller's own update (spec or status) of an object it read, without admission; a no-op when
+        nothing changed, 409 when the object changed since it was read."""
+        meta = metadata(obj)
+        current = self.store.get(kind.storage, str(meta.get("namespace") or ""), str(meta.get("name")))
+        if current is None:
+            return status.not_found(kind.plural, str(meta.get("name")), group=kind.group)
+        if meta.get("resourceVersion") != metadata(current).get("resourceVersion"):
+            return status.conflict(kind.plural, str(meta.get("name")), status.STALE, group=kind.group)
+        if obj == current:
+            return current
+        if _spec_of(kind, obj) != _spec_of(kind, current):
+            meta["generation"] = int(metadata(current).get("generation") or 1) + 1
+        return self.store.replace(kind.storage, obj)
+
+    def write_status(self, kind: Kind, namespace: str, name: str, new_status: Obj, *, uid: str) -> Obj | None:
+        """Replace an object's status (the kubelet's and the controllers' status writes); None when the object is
+        gone or is another object of the same name."""
+        current = self.store.get(kind.storage, namespace, name)
+        if current is None or metadata(current).get("uid") != uid:
+            return None
+        if current.get("status") == new_status:
+            return current
+        updated = {**current, "metadata": dict(metadata(current)), "status": new_status}
+        return self.store.replace(kind.storage, updated)
+
+    # --- Delete ---
+
+    async def delete(self, kind: Kind, namespace: str, name: str, options: DeleteOptions) -> Obj | status.Failure:
+        scope = namespace if kind.namespaced else ""
+        current = self.store.get(kind.storage, scope, name)
+        if current is None:
+            return status.not_found(kind.plural, name, group=kind.group)
+        meta = metadata(current)
+        if options.uid and options.uid != meta.get("uid"):
+            return status.conflict(
+                kind.plural,
+                name,
+                f"Precondition failed: UID in precondition: {options.uid}, UID in object meta: {meta.get('uid')}",
+                group=kind.group,
+            )
+        if options.resource_version and options.resource_version != meta.get("resourceVersion"):
+            return status.conflict(
+                kind.plural,
+                name,
+                f"Precondition failed: ResourceVersion in precondition: {options.resource_version}, "
+                f"ResourceVersion in object meta: {meta.get('resourceVersion')}",
+                group=kind.group,
+            )
+        if options.dry_run:
+            return current
+        if options.propagation == "Orphan":
+            self._orphan_dependents(str(meta.get("uid")))
+        if kind.storage == "pods":
+            graceful = self._graceful_pod_delete(kind, current, options)
+            if graceful is not None:
+                return graceful
+        elif kind.storage == "namespaces":
+            return self._start_namespace_deletion(kind, current)
+        if meta.get("finalizers"):
+            if is_deleting(current):
+                return current
+            marked = clone(current)
+            marked["metadata"]["deletionTimestamp"] = self.now()
+            marked["metadata"]["deletionGracePeriodSeconds"] = 0
+            return self.store.replace(kind.storage, marked)
+        if kind.storage == CRDS:
+            self._drop_custom_resources(current)
+        removed = self.store.delete(kind.storage, scope, name)
+        return removed if removed is not None else current
+
+    def _graceful_pod_delete(self, kind: Kind, pod: Obj, options: DeleteOptions) -> Obj | None:
+        """Mark a running pod for deletion and let its kubelet finish; None when it goes at once (unbound, done,
+        or a zero grace period)."""
+        spec, phase = pod.get("spec") or {}, (pod.get("status") or {}).get("phase")
+        grace = options.grace_period_s
+        if grace is None:
+            grace = int(spec.get("terminationGracePeriodSeconds", defaulting.DEFAULT_GRACE_S))
+        if not spec.get("nodeName") or phase in TERMINAL_PHASES or grace <= 0:
+            return None
+        meta = metadata(pod)
+        if is_deleting(pod) and int(meta.get("deletionGracePeriodSeconds") or 0) <= grace:
+            return pod
+        marked = clone(pod)
+        marked["metadata"]["deletionTimestamp"] = timestamp(self.clock() + grace)
+        marked["metadata"]["deletionGracePeriodSeconds"] = grace
+        return self.store.replace(kind.storage, marked)
+
+    def _start_namespace_deletion(self, kind: Kind, namespace: Obj) -> Obj:
+        if is_deleting(namespace):
+            return namespace
+        marked = clone(namespace)
+        marked["metadata"]["deletionTimestamp"] = self.now()
+        marked["metadata"]["deletionGracePeriodSeconds"] = 0
+        marked.setdefault("status", {})["phase"] = "Terminating"
+        return self.store.replace(kind.storage, marked)
+
+    def finish_namespace_deletion(self, name: str) -> None:
+        """The namespace controller found it empty: remove it."""
+        self.store.delete("namespaces", "", name)
+
+    def finish_pod_deletion(self, pod: Obj) -> None:
+        """The kubelet stopped the pod: remove it, unless finalizers hold it (then it stays deleting)."""
+        meta = metadata(pod)
+        current = self.store.get("pods", str(meta.get("namespace")), str(meta.get("name")))
+        if current is None or metadata(current).get("uid") != meta.get("uid"):
+            return
+        if metadata(current).get("finalizers"):
+            if metadata(current).get("deletionGracePeriodSeconds") != 0:
+                held = clone(current)
+                held["metadata"]["deletionGracePeriodSeconds"] = 0
+                self.store.replace("pods", held)
+            return
+        self.store.delete("pods", str(meta.get("namespace")), str(meta.get("name")))
+
+    def _orphan_dependents(self, owner_uid: str) -> None:
+        for storage, dependent in self.store.dependents(owner_uid):
+            orphaned = clone(dependent)
+            refs = [ref for ref in metadata(orphaned).get("ownerReferences") or [] if ref.get("uid") != owner_uid]
+            if refs:
+                orphaned["metadata"]["ownerReferences"] = refs
+            else:
+                orphaned["metadata"].pop("ownerReferences", None)
+            self.store.replace(storage, orphaned)
+
+    def _drop_custom_resources(self, crd: Obj) -> None:
+        """Deleting a CRD deletes its objects; its kinds stop being served (unless they are built in)."""
+        spec = crd.get("spec") or {}
+        storage = f"{(spec.get('names') or {}).get('plural')}.{spec.get('group')}"
+        for obj in self.store.objects(storage):
+            self.store.delete(storage, str(metadata(obj).get("namespace") or ""), str(metadata(obj).get("name")))
+        self.registry.remove_crd(str(metadata(crd).get("name")))
+
+    # --- Pod subresources ---
+
+    def bind(self, namespace: str, name: str, binding: Any) -> Obj | status.Failure:
+        """``pods/binding``: set ``spec.nodeName`` once. 201 with a Status on success, as the API server answers."""
+        if not isinstance(binding, dict):
+            return status.bad_request("the body of the request must be a Binding object")
+        meta = child(binding, "metadata")
+        if meta.get("name") and meta["name"] != name:
+            return status.bad_request("name in URL does not match name in Binding object")
+        target = child(binding, "target")
+        causes = []
+        if target.get("kind") not in (None, "", "Node"):
+            causes.append(status.not_supported("target.kind", target.get("kind"), ["Node", "<empty>"]))
+        if not target.get("name"):
+            causes.append(status.required("target.name"))
+        if causes:
+            return status.invalid("Binding", name, causes)
+        pod = self.store.get("pods", namespace, name)
+        if pod is None:
+            return status.not_found("pods", name)
+        spec = pod.get("spec") or {}
+        reason = None
+        if meta.get("uid") and meta["uid"] != metadata(pod).get("uid"):
+            found_uid = metadata(pod).get("uid")
+            reason = f"Precondition failed: UID in precondition: {meta['uid']}, UID in object meta: {found_uid}"
+        elif is_deleting(pod):
+            reason = f"pod {name} is being deleted, cannot be assigned to a host"
+        elif spec.get("nodeName"):
+            reason = f'pod {name} is already assigned to node "{spec["nodeName"]}"'
+        elif spec.get("schedulingGates"):
+            reason = f"pod {name} has non-empty .spec.schedulingGates"
+        if reason is not None:
+            return status.conflict("pods/binding", name, reason)
+        # Copy on write along the changed paths only: stored objects are never mutated, so the rest is shared.
+        bound = {**pod, "metadata": dict(metadata(pod)), "spec": {**spec, "nodeName": str(target["name"])}}
+        annotations = meta.get("annotations")
+        if isinstance(annotations, dict) and annotations:
+            bound["metadata"]["annotations"] = {**(bound["metadata"].get("annotations") or {}), **annotations}
+        bound["status"] = status_copy(pod)
+        set_condition(
+            bound["status"],
+            {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": self.now()},
+        )
+        self.store.replace("pods", bound)
+        return status.success(201)
+
+    async def evict(self, kind: Kind, namespace: str, name: str, body: Any) -> Obj | status.Failure:
+        """``pods/eviction``: mark the pod with a DisruptionTarget condition, then delete it."""
+        pod = self.store.get("pods", namespace, name)
+        if pod is None:
+            return status.not_found("pods", name)
+        options = body.get("deleteOptions") if isinstance(body, dict) else None
+        new_status = clone(pod.get("status") or {})
+        set_condition(
+            new_status,
+            {
+                "type": "DisruptionTarget",
+                "status": "True",
+                "reason": "EvictionByEvictionAPI",
+                "message": "Eviction API: evicting",
+                "lastTransitionTime": self.now(),
+            },
+        )
+        self.write_status(kind, namespace, name, new_status, uid=str(metadata(pod).get("uid")))
+        deleted = await self.delete(kind, namespace, name, DeleteOptions.from_body(options))
+        if isinstance(deleted, status.Failure):
+            return deleted
+        return status.success(201)
+
+
+def _spec_of(kind: Kind, obj: Obj) -> dict[str, Any]:
+    """What ``generation`` tracks: everything but metadata (and status, where it is a subresource)."""
+    skip = ("metadata", "status") if kind.has_status else ("metadata",)
+    return {key: value for key, value in obj.items() if key not in skip}
