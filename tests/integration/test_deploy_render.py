@@ -100,23 +100,6 @@ def nats(rendered: list[Obj]) -> Obj:
 # --- the whole rendering ---
 
 
-def test_every_rendered_object_is_valid_against_the_kubernetes_schemas(rendered: list[Obj]) -> None:
-    assert rendered
-    for obj in rendered:
-        try:
-            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            where = ".".join(str(part) for part in exc.path)
-            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {where}: {exc.message}")
-
-
-def test_every_object_lives_in_the_quotient_namespace_which_the_base_creates(rendered: list[Obj]) -> None:
-    _one(rendered, "Namespace", NAMESPACE)
-    for obj in rendered:
-        if obj["kind"] != "Namespace":
-            assert obj["metadata"].get("namespace") == NAMESPACE, f"{obj['kind']}/{obj['metadata']['name']}"
-
-
 def test_the_base_commits_no_secret(rendered: list[Obj]) -> None:
     assert _by_kind(rendered, "Secret") == []
 
@@ -317,3 +300,437 @@ def test_the_nats_server_runs_unprivileged_with_a_read_only_root(nats: Obj) -> N
     assert context["readOnlyRootFilesystem"] is True
     assert context["capabilities"] == {"drop": ["ALL"]}
     assert _container(nats, "nats")["resources"]["limits"]["memory"]
+
+
+# --- the scheduler, its CRDs, KAI's default queues, the kai-compat overlay and the examples ---
+#
+# Our custom resources have no schema in kubernetes_validate: they are checked against the openAPIV3Schema of our
+# own CRDs (as rendered), made strict the way the API server's field validation is (an unknown field fails).
+
+OVERLAY_KAI = REPO / "deploy" / "overlays" / "kai-compat"
+EXAMPLES = REPO / "deploy" / "examples"
+DOCKERFILE_SCHEDULER = REPO / "docker" / "Dockerfile.scheduler"
+OUR_GROUP = "scheduling.run.ai"
+# Built-in kinds that have no namespace.
+CLUSTER_SCOPED = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "PriorityClass"}
+
+
+def _render(path: object) -> list[Obj]:
+    kubectl = require_tool("kubectl")
+    result = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+@pytest.fixture(scope="module")
+def rendered_kai(rendered: list[Obj]) -> list[Obj]:
+    return _render(OVERLAY_KAI)
+
+
+def _strict(schema: Any) -> Any:
+    """A CRD schema as the API server applies it to a create: unknown fields fail (except where preserved)."""
+    if isinstance(schema, list):
+        return [_strict(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    strict = {key: _strict(value) for key, value in schema.items() if not key.startswith("x-kubernetes-")}
+    if schema.get("x-kubernetes-int-or-string"):
+        strict["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if (
+        "properties" in schema
+        and "additionalProperties" not in schema
+        and not schema.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        strict["additionalProperties"] = False
+    return strict
+
+
+@pytest.fixture(scope="module")
+def crd_validators(rendered: list[Obj]) -> dict[tuple[str, str], Any]:
+    import jsonschema  # type: ignore[import-untyped]
+
+    validators: dict[tuple[str, str], Any] = {}
+    for crd in _by_kind(rendered, "CustomResourceDefinition"):
+        spec = crd["spec"]
+        for version in spec["versions"]:
+            schema = _strict(version["schema"]["openAPIV3Schema"])
+            jsonschema.Draft7Validator.check_schema(schema)
+            validators[(f"{spec['group']}/{version['name']}", spec["names"]["kind"])] = jsonschema.Draft7Validator(
+                schema
+            )
+    return validators
+
+
+def _validate_objects(objects: Sequence[Obj], crd_validators: Mapping[tuple[str, str], Any], where: str) -> None:
+    for obj in objects:
+        label = f"{where}: {obj['kind']}/{obj['metadata']['name']}"
+        if obj["apiVersion"].startswith(OUR_GROUP + "/"):
+            validator = crd_validators.get((obj["apiVersion"], obj["kind"]))
+            assert validator is not None, f"{label}: no CRD serves {obj['apiVersion']} {obj['kind']}"
+            problems = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(obj)]
+            assert problems == [], f"{label}: {problems}"
+            continue
+        try:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{label}: {'.'.join(str(part) for part in exc.path)}: {exc.message}")
+
+
+def _examples() -> list[tuple[str, Obj]]:
+    found = []
+    for path in sorted(EXAMPLES.rglob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                found.append((str(path.relative_to(EXAMPLES)), doc))
+    return found
+
+
+def _scheduler(objects: Sequence[Obj]) -> Obj:
+    return _one(objects, "Deployment", "quotient-scheduler")
+
+
+def _rules(objects: Sequence[Obj], kind: str, name: str) -> list[Obj]:
+    rules: list[Obj] = _one(objects, kind, name)["rules"]
+    return rules
+
+
+def _allows(rules: Sequence[Obj], group: str, resource: str, verb: str) -> bool:
+    return any(group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"] for rule in rules)
+
+
+def test_the_base_and_the_kai_overlay_are_valid_built_in_objects_and_valid_custom_resources(
+    rendered: list[Obj], rendered_kai: list[Obj], crd_validators: Mapping[tuple[str, str], Any]
+) -> None:
+    _validate_objects(rendered, crd_validators, "base")
+    _validate_objects(rendered_kai, crd_validators, "kai-compat")
+
+
+def test_namespaced_objects_live_in_the_quotient_namespace_and_cluster_scoped_ones_in_none(
+    rendered: list[Obj],
+) -> None:
+    cluster_scoped_custom = {
+        crd["spec"]["names"]["kind"]
+        for crd in _by_kind(rendered, "CustomResourceDefinition")
+        if crd["spec"]["scope"] == "Cluster"
+    }
+    for obj in rendered:
+        label = f"{obj['kind']}/{obj['metadata']['name']}"
+        if obj["kind"] in CLUSTER_SCOPED or obj["kind"] in cluster_scoped_custom:
+            assert "namespace" not in obj["metadata"], label
+        else:
+            assert obj["metadata"].get("namespace") == NAMESPACE, label
+
+
+def test_the_queue_and_podgroup_crds_have_kais_names_scopes_status_and_printer_columns(rendered: list[Obj]) -> None:
+    queue = _one(rendered, "CustomResourceDefinition", "queues.scheduling.run.ai")["spec"]
+    group = _one(rendered, "CustomResourceDefinition", "podgroups.scheduling.run.ai")["spec"]
+
+    assert (queue["group"], queue["scope"], queue["names"]["plural"]) == (OUR_GROUP, "Cluster", "queues")
+    assert [v["name"] for v in queue["versions"]] == ["v2"]
+    assert (group["group"], group["scope"], group["names"]["plural"]) == (OUR_GROUP, "Namespaced", "podgroups")
+    assert "pg" in group["names"]["shortNames"]
+    assert [v["name"] for v in group["versions"]] == ["v2alpha2"]
+    for crd in (queue, group):
+        [version] = crd["versions"]
+        assert version["served"] and version["storage"]
+        assert version["subresources"] == {"status": {}}
+        schema = version["schema"]["openAPIV3Schema"]
+        for column in version["additionalPrinterColumns"]:
+            if column["jsonPath"].startswith(".metadata."):
+                continue  # ObjectMeta: the API server's own schema
+            node = schema
+            for part in column["jsonPath"].strip(".").split("."):
+                node = node["properties"][part]
+            assert node["type"] == column["type"] or (column["type"] == "string" and node["type"] == "array"), column
+    queue_spec = queue["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert {"parentQueue", "priority", "displayName", "resources", "preemptMinRuntime", "reclaimMinRuntime"} <= set(
+        queue_spec
+    )
+    for resource in ("gpu", "cpu", "memory"):
+        assert set(queue_spec["resources"]["properties"][resource]["properties"]) == {
+            "quota",
+            "limit",
+            "overQuotaWeight",
+        }
+    queue_status = queue["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert {"allocated", "allocatedNonPreemptible", "requested", "childQueues", "conditions"} <= set(queue_status)
+    group_schema = group["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    assert {"minMember", "queue", "priorityClassName", "preemptibility", "subGroups"} <= set(
+        group_schema["spec"]["properties"]
+    )
+    assert group_schema["spec"]["properties"]["preemptibility"]["enum"] == ["preemptible", "non-preemptible"]
+    assert "schedulingConditions" in group_schema["status"]["properties"]
+
+
+def test_kais_default_queues_give_unlabelled_pods_somewhere_to_go(rendered: list[Obj]) -> None:
+    parent = _one(rendered, "Queue", "default-parent-queue")
+    leaf = _one(rendered, "Queue", "default-queue")
+
+    assert "parentQueue" not in parent["spec"]
+    assert leaf["spec"]["parentQueue"] == "default-parent-queue"
+    for queue in (parent, leaf):
+        for resource in ("gpu", "cpu", "memory"):
+            assert queue["spec"]["resources"][resource] == {"quota": 0, "limit": -1, "overQuotaWeight": 1}
+
+
+def test_the_seeds_queues_and_kais_podgroups_are_valid_against_our_crds(
+    crd_validators: Mapping[tuple[str, str], Any],
+) -> None:
+    from tests.conftest import shared_path
+
+    seeds = [doc for doc in yaml.safe_load_all(shared_path("seeds", "queues.yaml").read_text()) if doc]
+    pod_group: Obj = {
+        "apiVersion": "scheduling.run.ai/v2alpha2",
+        "kind": "PodGroup",
+        "metadata": {"name": "pg-train-0-4a3c", "namespace": "ml", "annotations": {}},
+        "spec": {
+            "minMember": 4,
+            "queue": "test",
+            "priorityClassName": "train",
+            "preemptibility": "preemptible",
+            "subGroups": [{"name": "workers", "minMember": 3, "parent": "all"}],
+        },
+        "status": {
+            "schedulingConditions": [
+                {
+                    "type": "UnschedulableOnNodePool",
+                    "nodePool": "default",
+                    "reason": "Unschedulable",
+                    "message": "OverLimit: queue test is at its GPU limit",
+                    "reasons": [{"reason": "OverLimit", "message": "queue test is at its GPU limit"}],
+                    "transitionID": "3",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                    "status": "True",
+                }
+            ]
+        },
+    }
+
+    assert [q["metadata"]["name"] for q in seeds] == ["default", "test"]
+    _validate_objects([*seeds, pod_group], crd_validators, "seeds")
+    misspelt = {**pod_group, "spec": {**pod_group["spec"], "minMembers": 4}}
+    assert list(crd_validators[("scheduling.run.ai/v2alpha2", "PodGroup")].iter_errors(misspelt))
+
+
+def test_the_scheduler_passes_only_flags_that_quotient_scheduler_accepts(rendered: list[Obj]) -> None:
+    from scheduler import app as scheduler_app
+
+    container = _container(_scheduler(rendered), "scheduler")
+    flags = _flags(container)
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    config.add_arguments(parser, scheduler_app.SETTINGS)
+    settings = {setting.flag: setting for setting in scheduler_app.SETTINGS}
+
+    assert container["command"] == ["quotient", "scheduler"]
+    env_names = set(_env(container))
+    expanded = [re.sub(r"\$\((\w+)\)", lambda m: m.group(1).lower(), arg) for arg in container["args"]]
+    for arg in container["args"]:
+        for variable in re.findall(r"\$\((\w+)\)", arg):
+            assert variable in env_names, f"{arg} names ${variable}, which the container does not define"
+    _, unknown = parser.parse_known_args(expanded)
+    assert unknown == []
+    for flag, value in flags.items():
+        parse = settings[flag].parse
+        if parse in (config.parse_existing_file, config.parse_existing_dir):
+            continue  # paths in the pod, checked against its mounts
+        parse(re.sub(r"\$\((\w+)\)", "x", value))
+    assert flags["--scheduler-name"] == "quotient"
+    assert int(flags["--metrics-port"]) == 8080
+
+
+def test_the_scheduler_runs_two_leader_elected_replicas_named_by_the_downward_api(rendered: list[Obj]) -> None:
+    deployment = _scheduler(rendered)
+    container = _container(deployment, "scheduler")
+    flags = _flags(container)
+    env = _env(container)
+
+    assert deployment["spec"]["replicas"] == 2
+    assert flags["--identity"] == "$(POD_NAME)"
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert flags["--lease-namespace"] == "$(POD_NAMESPACE)"
+    assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    budget = _one(rendered, "PodDisruptionBudget", "quotient-scheduler")
+    assert budget["spec"]["minAvailable"] == 1
+    assert (
+        budget["spec"]["selector"]["matchLabels"].items()
+        <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    )
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    term = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+
+
+def test_the_lease_role_lets_the_scheduler_create_and_renew_only_its_own_lease(rendered: list[Obj]) -> None:
+    role = _one(rendered, "Role", "quotient-scheduler-leader-election")
+    binding = _one(rendered, "RoleBinding", "quotient-scheduler-leader-election")
+    from scheduler import app as scheduler_app
+
+    lease_name = next(s.default for s in scheduler_app.SETTINGS if s.name == "lease_name")
+
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "quotient-scheduler", "namespace": NAMESPACE}]
+    for rule in role["rules"]:
+        assert rule["apiGroups"] == ["coordination.k8s.io"]
+        assert rule["resources"] == ["leases"]
+        if "resourceNames" in rule:
+            assert rule["resourceNames"] == [lease_name]
+            assert set(rule["verbs"]) == {"get", "update"}
+        else:
+            assert rule["verbs"] == ["create"], "create alone cannot be limited to a name"
+
+
+def test_the_cluster_role_grants_what_the_scheduler_does_and_nothing_broader(rendered: list[Obj]) -> None:
+    rules = _rules(rendered, "ClusterRole", "quotient-scheduler")
+    binding = _one(rendered, "ClusterRoleBinding", "quotient-scheduler")
+    deployment = _scheduler(rendered)
+
+    needed = [
+        ("", "pods", "watch"),
+        ("", "pods", "patch"),
+        ("", "pods", "delete"),
+        ("", "pods/binding", "create"),
+        ("", "pods/status", "patch"),
+        ("", "nodes", "watch"),
+        ("", "events", "create"),
+        ("", "events", "patch"),
+        ("scheduling.k8s.io", "priorityclasses", "watch"),
+        (OUR_GROUP, "queues", "watch"),
+        (OUR_GROUP, "podgroups", "create"),
+        (OUR_GROUP, "podgroups/status", "patch"),
+        (OUR_GROUP, "queues/status", "patch"),
+        ("apps", "replicasets", "get"),
+        ("batch", "jobs", "get"),
+        ("kubeflow.org", "pytorchjobs", "get"),
+    ]
+    for group, resource, verb in needed:
+        assert _allows(rules, group, resource, verb), f"{verb} {group}/{resource}"
+    for rule in rules:
+        assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
+        assert "secrets" not in rule["resources"]
+    assert not _allows(rules, "", "nodes", "patch")
+    assert not _allows(rules, OUR_GROUP, "queues", "patch"), "queues are the users'; only their status is ours"
+    assert not any(_allows(rules, "apps", "deployments", verb) for verb in ("create", "patch", "update", "delete"))
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "quotient-scheduler",
+    }
+
+
+def test_the_scheduler_reads_its_nkey_seed_from_the_secret_that_nats_keys_makes_and_dials_nats(
+    rendered: list[Obj],
+) -> None:
+    deployment = _scheduler(rendered)
+    container = _container(deployment, "scheduler")
+    flags = _flags(container)
+    seed_path = PurePosixPath(flags["--nats-nkey-seed"])
+
+    secret = _volume(deployment, "nats-seed")["secret"]
+    assert secret["secretName"] == natskeys.seed_secret_name("scheduler") == "quotient-nats-scheduler"
+    assert secret["items"] == [{"key": natskeys.SEED_KEY, "path": seed_path.name}]
+    assert secret["defaultMode"] & 0o007 == 0
+    mount = _mount_of(container, "nats-seed")
+    assert mount["readOnly"] is True
+    assert PurePosixPath(mount["mountPath"]) == seed_path.parent
+    url = urlsplit(flags["--nats"])
+    service = _one(rendered, "Service", "quotient-nats")
+    assert url.hostname == f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
+
+
+def test_the_scheduler_is_probed_on_its_metrics_port_and_runs_unprivileged(rendered: list[Obj]) -> None:
+    deployment = _scheduler(rendered)
+    container = _container(deployment, "scheduler")
+    pod = deployment["spec"]["template"]["spec"]
+    port = int(_flags(container)["--metrics-port"])
+
+    assert {"name": "metrics", "containerPort": port, "protocol": "TCP"} in container["ports"]
+    for probe in ("readinessProbe", "livenessProbe"):
+        # /healthz, not /readyz: a standby is healthy, and a never-ready standby would stall every rollout.
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}, probe
+    assert deployment["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == str(port)
+    context = container["securityContext"]
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert not pod.get("hostPID", False) and not pod.get("hostNetwork", False)
+    for kind, parse in [("cpu", quantities.parse_millicores), ("memory", quantities.parse_bytes)]:
+        assert 0 < parse(container["resources"]["requests"][kind]) <= parse(container["resources"]["limits"][kind])
+
+
+def test_the_scheduler_image_runs_the_command_and_port_the_deployment_expects(rendered: list[Obj]) -> None:
+    dockerfile = DOCKERFILE_SCHEDULER.read_text()
+    container = _container(_scheduler(rendered), "scheduler")
+    entrypoint = re.search(r"^ENTRYPOINT (\[.*\])$", dockerfile, flags=re.MULTILINE)
+    exposed = re.findall(r"^EXPOSE (\d+)$", dockerfile, flags=re.MULTILINE)
+
+    assert entrypoint is not None
+    assert yaml.safe_load(entrypoint.group(1)) == container["command"]
+    assert exposed == [_flags(container)["--metrics-port"]]
+    assert re.search(r"^USER 65532:65532$", dockerfile, flags=re.MULTILINE)
+    assert container["image"].startswith("ghcr.io/quotient-sched/quotient-scheduler:")
+
+
+def test_the_kai_compat_overlay_adds_kai_scheduler_to_the_names_and_changes_nothing_else(
+    rendered: list[Obj], rendered_kai: list[Obj]
+) -> None:
+    base_args = _container(_scheduler(rendered), "scheduler")["args"]
+    kai_args = _container(_scheduler(rendered_kai), "scheduler")["args"]
+
+    assert _flags(_container(_scheduler(rendered_kai), "scheduler"))["--scheduler-name"] == "quotient,kai-scheduler"
+    assert kai_args[1:] == base_args[1:]
+    assert [
+        obj for obj in rendered_kai if obj["kind"] != "Deployment" or obj["metadata"]["name"] != "quotient-scheduler"
+    ] == [obj for obj in rendered if obj["kind"] != "Deployment" or obj["metadata"]["name"] != "quotient-scheduler"]
+
+
+def test_the_examples_are_valid_and_name_our_scheduler_and_queues_that_exist(
+    rendered: list[Obj], crd_validators: Mapping[tuple[str, str], Any]
+) -> None:
+    examples = _examples()
+    queues = {q["metadata"]["name"] for _, q in examples if q["kind"] == "Queue"} | {
+        q["metadata"]["name"] for q in _by_kind(rendered, "Queue")
+    }
+    leaf_queues = (
+        queues - {q["spec"].get("parentQueue") for _, q in examples if q["kind"] == "Queue"} - {"default-parent-queue"}
+    )
+
+    assert {path.split("/")[0] for path, _ in examples} >= {"queues.yaml", "talk", "vcluster", "vllm"}
+    _validate_objects([doc for _, doc in examples], crd_validators, "examples")
+    for path, doc in examples:
+        template = doc["spec"]["template"] if doc["kind"] == "Deployment" else doc
+        if doc["kind"] not in ("Pod", "Deployment"):
+            continue
+        scheduler = template["spec"].get("schedulerName")
+        if path == "talk/research-pod.yaml":
+            assert scheduler is None, "the research team keeps the default scheduler"
+            continue
+        assert scheduler == "quotient", path
+        queue = template["metadata"].get("labels", {}).get("kai.scheduler/queue", "default-queue")
+        assert queue in leaf_queues, f"{path}: queue {queue!r} is not a leaf queue of the examples or the base"
+    namespaces = {doc["metadata"]["name"] for _, doc in examples if doc["kind"] == "Namespace"}
+    for path, doc in examples:
+        namespace = doc["metadata"].get("namespace")
+        assert namespace is None or namespace in namespaces, f"{path}: namespace {namespace} is not created"
+
+
+def test_the_examples_fractions_are_the_shares_of_the_seeds_workflows() -> None:
+    fractions = {}
+    for path, doc in _examples():
+        template = doc["spec"]["template"] if doc["kind"] == "Deployment" else doc
+        if doc["kind"] in ("Pod", "Deployment"):
+            fraction = template["metadata"].get("annotations", {}).get("gpu-fraction")
+            if fraction is not None:
+                fractions[path] = fraction
+
+    assert fractions == {
+        "talk/gpu-sharing.yaml": "0.5",
+        "talk/inference-pod.yaml": "0.25",
+        "vllm/vllm-test-02.yaml": "0.2",
+        "vllm/vllm-test-07.yaml": "0.7",
+    }
