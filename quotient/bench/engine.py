@@ -1,0 +1,276 @@
+"""``quotient bench engine``: how fast the placement core places a large seeded workload, on one core.
+
+The workload is issue 3's: ``--nodes`` nodes (5,000) of ``--gpus`` GPUs (8), ``--pods`` pending pods (30,000): 40%
+fractional, with shares drawn from the Alibaba openb trace (the ``gpu_milli`` column of
+``../shared/data/openb/openb_pod_list_default.csv`` for single-GPU pods with a share below one GPU; where the file is
+absent, ``_FALLBACK_SHARES``, the same column's distribution rounded to 5%), 50% whole GPUs (1 GPU 70%, 2 GPUs 15%,
+4 GPUs 10%, 8 GPUs 5%), 10% in gangs of 8 to 64 one-GPU pods; 20 queues in two levels (4 departments of 5 teams).
+
+Pods arrive in batches of ``--batch``; each cycle takes a snapshot with the new arrivals, runs the engine, and
+applies the plan (as the binder would) before the next. Building snapshots and applying plans is the state layer's
+work, not the engine's, and is not timed. After the last arrival, cycles run until nothing more is placed; then one
+node's telemetry changes (a device's measured peak rises: nothing pending can gain from it) and the next cycle is
+timed as ``idle_cycle_ms`` (median of ``--idle-cycles``).
+
+Prints nothing on stdout itself (the caller prints the returned dict as one JSON object); progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import random
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from common.resources import Resources
+from scheduler.placement import applying, cycle, model
+
+GIB = 1024**3
+_OPENB = Path(__file__).resolve().parents[3] / "shared" / "data" / "openb" / "openb_pod_list_default.csv"
+# openb_pod_list_default.csv, single-GPU pods with gpu_milli < 1000, rounded to 5% (weights are pod counts).
+_FALLBACK_SHARES = (
+    (800, 1078),
+    (450, 878),
+    (300, 335),
+    (650, 253),
+    (250, 202),
+    (600, 75),
+    (150, 98),
+    (550, 72),
+    (350, 53),
+    (100, 24),
+    (500, 19),
+    (50, 7),
+    (300, 7),
+    (250, 4),
+    (450, 2),
+    (150, 1),
+)
+_WHOLE = ((1, 70), (2, 15), (4, 10), (8, 5))
+_DEPARTMENTS = 4
+_TEAMS = 5
+NS = 1_000_000_000
+
+
+def _share_distribution(path: Path) -> tuple[tuple[int, int], ...]:
+    if not path.exists():
+        return _FALLBACK_SHARES
+    counts: dict[int, int] = {}
+    with path.open(newline="") as handle:
+        for row in csv.DictReader(handle):
+            if row.get("num_gpu") != "1":
+                continue
+            milli = int(row.get("gpu_milli") or 0)
+            if 0 < milli < 1000:
+                counts[milli] = counts.get(milli, 0) + 1
+    return tuple(sorted(counts.items())) or _FALLBACK_SHARES
+
+
+def _node(index: int, gpus: int) -> model.Node:
+    name = model.NodeName(f"node-{index:05d}")
+    return model.Node(
+        name=name,
+        allocatable=Resources(milli_cpu=128_000, memory_bytes=1024 * GIB, milli_gpu=gpus * 1000, pods=110),
+        labels={model.GPU_PRODUCT_LABEL: "NVIDIA-A100-SXM4-80GB", "kubernetes.io/hostname": name},
+        devices=tuple(
+            model.Device(
+                index=device,
+                uuid=model.GpuUuid(f"GPU-{index:05d}-{device}"),
+                model="NVIDIA-A100-SXM4-80GB",
+                memory_bytes=80 * GIB,
+            )
+            for device in range(gpus)
+        ),
+    )
+
+
+def _queues() -> list[model.Queue]:
+    queues: list[model.Queue] = []
+    for department in range(_DEPARTMENTS):
+        parent = model.QueueName(f"dept-{department}")
+        queues.append(model.Queue(name=parent, created_ns=department))
+        for team in range(_TEAMS):
+            queues.append(
+                model.Queue(
+                    name=model.QueueName(f"dept-{department}-team-{team}"),
+                    parent=parent,
+                    created_ns=team,
+                    gpu=model.QueueResource(quota=1_500_000, limit=model.UNLIMITED, over_quota_weight=1 + team % 3),
+                )
+            )
+    return queues
+
+
+def _pod(uid: str, created: int, *, gpus: int = 0, share: int = 0) -> model.Pod:
+    cpu, memory = (2_000, 8 * GIB) if share else (8_000 * gpus, 64 * GIB * gpus)
+    return model.Pod(
+        uid=model.PodUid(uid),
+        name=uid,
+        namespace="bench",
+        requests=Resources(milli_cpu=cpu, memory_bytes=memory, milli_gpu=gpus * 1000, pods=1),
+        share=model.GpuShare(milli_gpu=share) if share else None,
+        created_ns=created,
+    )
+
+
+def workload(*, pods: int, seed: int, shares: Sequence[tuple[int, int]]) -> list[model.Group]:
+    """The seeded groups, in arrival order."""
+    rng = random.Random(seed)
+    leaves = [model.QueueName(f"dept-{d}-team-{t}") for d in range(_DEPARTMENTS) for t in range(_TEAMS)]
+    share_values = [value for value, _ in shares]
+    share_weights = [weight for _, weight in shares]
+    whole_values = [value for value, _ in _WHOLE]
+    whole_weights = [weight for _, weight in _WHOLE]
+    groups: list[model.Group] = []
+    gang_pods = pods // 10
+    made = 0
+    while made < gang_pods:
+        size = min(rng.randint(8, 64), gang_pods - made)
+        uid = f"g{made:06d}"
+        members = tuple(_pod(f"{uid}-{i:02d}", 0, gpus=1) for i in range(size))
+        groups.append(model.Group(id=model.GroupId(uid), queue=rng.choice(leaves), min_member=size, members=members))
+        made += size
+    singles = pods - made
+    for index in range(singles):
+        uid = f"p{index:06d}"
+        # 40% of all pods are shares and 50% whole: 4 in 9 of the pods outside gangs are shares.
+        if rng.randrange(9) < 4:
+            member = _pod(uid, 0, share=rng.choices(share_values, share_weights)[0])
+        else:
+            member = _pod(uid, 0, gpus=rng.choices(whole_values, whole_weights)[0])
+        groups.append(model.Group(id=model.GroupId(uid), queue=rng.choice(leaves), members=(member,)))
+    rng.shuffle(groups)
+    # Arrival order is creation order.
+    return [
+        dataclasses.replace(
+            group,
+            created_ns=order,
+            members=tuple(dataclasses.replace(pod, created_ns=order) for pod in group.members),
+        )
+        for order, group in enumerate(groups)
+    ]
+
+
+def _asked_milli(groups: Sequence[model.Group]) -> int:
+    total = 0
+    for group in groups:
+        for pod in group.members:
+            total += pod.share.milli_gpu if pod.share is not None else pod.requests.milli_gpu
+    return total
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _touch_telemetry(snapshot: model.Snapshot, step: int) -> model.Snapshot:
+    """A new telemetry sample from a GPU that a whole-GPU pod holds: its measured peak rises, nothing pending can
+    gain from it. The most common event in a real cluster (every agent reports every device every second)."""
+    held = [
+        (name, device.index)
+        for name in sorted(snapshot.nodes)
+        for device in snapshot.nodes[name].devices
+        if device.whole and device.gpu_group is None
+    ] or [(name, 0) for name in sorted(snapshot.nodes) if snapshot.nodes[name].devices]
+    name, index = held[step % len(held)]
+    node = snapshot.nodes[name]
+    device = node.devices[index]
+    peak = min((device.peak_used_bytes or 0) + GIB, device.memory_bytes)
+    devices = tuple(dataclasses.replace(d, peak_used_bytes=peak) if d.index == index else d for d in node.devices)
+    nodes = dict(snapshot.nodes)
+    nodes[name] = dataclasses.replace(node, devices=devices)
+    return dataclasses.replace(snapshot, nodes=nodes)
+
+
+def run(argv: Sequence[str]) -> dict[str, object]:
+    """Run the benchmark; returns the figures (see the module docstring)."""
+    parser = argparse.ArgumentParser(prog="quotient bench engine", description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--gpus", type=int, default=8, help="GPUs per node")
+    parser.add_argument("--pods", type=int, default=30_000)
+    parser.add_argument("--batch", type=int, default=1000, help="pods arriving per cycle")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--idle-cycles", type=int, default=9)
+    parser.add_argument("--openb", type=Path, default=_OPENB, help="openb pod list for the share distribution")
+    args = parser.parse_args(list(argv))
+
+    shares = _share_distribution(args.openb)
+    groups = workload(pods=args.pods, seed=args.seed, shares=shares)
+    nodes = {node.name: node for node in (_node(index, args.gpus) for index in range(args.nodes))}
+    queues = {queue.name: queue for queue in _queues()}
+    asked = _asked_milli(groups)
+    offered = args.nodes * args.gpus * 1000
+    _progress(
+        f"engine bench: {args.nodes} nodes x {args.gpus} GPUs, {args.pods} pods in {len(groups)} groups, "
+        f"{100 * asked / offered:.1f}% of GPU capacity asked for"
+    )
+
+    engine = cycle.Engine()
+    snapshot = model.Snapshot(nodes=nodes, queues=queues, groups={}, now_ns=0)
+    placing_s = 0.0
+    placed = 0
+    cycle_ms: list[float] = []
+    arrived = 0
+    position = 0
+    step = 0
+    while True:
+        batch: list[model.Group] = []
+        while position < len(groups) and arrived < (step + 1) * args.batch:
+            batch.append(groups[position])
+            arrived += len(groups[position].members)
+            position += 1
+        if batch:
+            merged = dict(snapshot.groups)
+            merged.update((group.id, group) for group in batch)
+            snapshot = dataclasses.replace(snapshot, groups=merged)
+        snapshot = dataclasses.replace(snapshot, now_ns=step * NS)
+        started = time.perf_counter()
+        result = engine.run(snapshot)
+        elapsed = time.perf_counter() - started
+        cycle_ms.append(elapsed * 1000)
+        if result.placements:
+            placing_s += elapsed
+            placed += len(result.placements)
+        _progress(
+            f"cycle {step}: {len(batch)} groups arrived, {len(result.placements)} placed, "
+            f"{len(result.evictions)} evicted, {len(result.statuses)} pending groups, {elapsed * 1000:.1f} ms"
+        )
+        snapshot = applying.apply(snapshot, result)
+        step += 1
+        if position >= len(groups) and not result.placements and not result.evictions:
+            break
+
+    idle: list[float] = []
+    for index in range(args.idle_cycles):
+        snapshot = _touch_telemetry(snapshot, index)
+        started = time.perf_counter()
+        result = engine.run(snapshot)
+        idle.append((time.perf_counter() - started) * 1000)
+        if result.placements or result.evictions:
+            _progress("idle cycle placed or evicted something: the telemetry change was not neutral")
+    unplaced = sum(
+        1 for group in snapshot.groups.values() for pod in group.members if pod.phase is model.PodPhase.PENDING
+    )
+    ordered = sorted(cycle_ms)
+    return {
+        "pods_per_second": round(placed / placing_s, 1) if placing_s else 0.0,
+        "placed": placed,
+        "unplaced": unplaced,
+        "cycle_ms_p50": round(statistics.median(ordered), 2),
+        "cycle_ms_p99": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 2),
+        "idle_cycle_ms": round(statistics.median(idle), 3) if idle else 0.0,
+        "rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "cycles": len(cycle_ms),
+        "gpu_asked_percent": round(100 * asked / offered, 1),
+        "gpu_allocated_percent": round(100 * _allocated_milli(snapshot) / offered, 1),
+    }
+
+
+def _allocated_milli(snapshot: model.Snapshot) -> int:
+    return sum(device.allotted_milli_gpu for node in snapshot.nodes.values() for device in node.devices)

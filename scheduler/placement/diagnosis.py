@@ -1,0 +1,159 @@
+"""Explaining a pod that found no room: the best candidate node, and what was missing there, in numbers.
+
+Called once per distinct pod shape for the groups left pending at the end of a cycle, against the working state
+as the plan leaves it. The best candidate comes from the capacity indexes (the node with the most free devices, the
+device with the most room), so explaining does not scan every node, except for CPU-only pods.
+"""
+
+from __future__ import annotations
+
+from common import quantities
+from scheduler.placement import capacity, devices, model, search, status
+
+
+def explain(searcher: search.Searcher, shape: search.Shape) -> tuple[status.Reason, str]:
+    """Why a pod of ``shape`` fits nowhere now: ``NoNodeFits`` (filters, CPU, memory, pod slots) or ``NoGpuFits``."""
+    cap = searcher.capacity
+    eligible = searcher.eligible(shape.constraints)
+    if not eligible:
+        return status.Reason.NO_NODE_FITS, _filters_text(searcher, shape)
+    if shape.whole_gpus:
+        return _explain_whole(cap, shape, eligible)
+    if shape.share is not None:
+        return _explain_share(cap, shape, eligible)
+    best = max(
+        (cap.by_order[order] for cls in eligible for order in cap.classes[cls].members),
+        key=lambda work: (work.free_cpu, work.free_mem, -work.order),
+    )
+    return status.Reason.NO_NODE_FITS, "best candidate " + _basics_text(best, shape, pods=shape.pods)
+
+
+def _filters_text(searcher: search.Searcher, shape: search.Shape) -> str:
+    cap = searcher.capacity
+    counts: dict[str, int] = {}
+    for cls, index in enumerate(cap.classes):
+        if not index.members:
+            continue
+        why = searcher.verdict(cls, shape.constraints) or "fits"
+        counts[why] = counts.get(why, 0) + len(index.members)
+    if not counts:
+        return "the cluster has no nodes"
+    parts = [f"{count} node(s): {why}" for why, count in sorted(counts.items(), key=lambda item: (-item[1], item[0]))]
+    return "no node passes the filters; " + "; ".join(parts)
+
+
+def _basics_text(work: capacity.NodeWork, shape: search.Shape, *, pods: int) -> str:
+    missing: list[str] = []
+    if work.free_cpu < shape.milli_cpu:
+        missing.append(
+            f"{status.amount_text(1, max(0, work.free_cpu))} free, {status.amount_text(1, shape.milli_cpu)} requested"
+        )
+    if work.free_mem < shape.memory_bytes:
+        missing.append(
+            f"{quantities.format_bytes(max(0, work.free_mem))} memory free, "
+            f"{quantities.format_bytes(shape.memory_bytes)} requested"
+        )
+    if work.free_pods < pods:
+        missing.append(f"{max(0, work.free_pods)} pod slot(s) free, {pods} needed")
+    return f"{work.name}: " + ("; ".join(missing) if missing else "fits now")
+
+
+def _explain_whole(cap: capacity.Capacity, shape: search.Shape, eligible: tuple[int, ...]) -> tuple[status.Reason, str]:
+    # A node with enough free devices that lacks CPU, memory or slots is the most useful thing to name.
+    for count in sorted({count for cls in eligible for count in cap.classes[cls].whole}):
+        if count < shape.whole_gpus:
+            continue
+        for cls in eligible:
+            for order in cap.classes[cls].whole.get(count, ()):
+                work = cap.by_order[order]
+                if not work.fits_basics(shape.milli_cpu, shape.memory_bytes, shape.pods):
+                    text = _basics_text(work, shape, pods=shape.pods)
+                    return status.Reason.NO_NODE_FITS, f"best candidate {text} ({count} GPU free)"
+    best = max(
+        (cap.by_order[order] for cls in eligible for order in cap.classes[cls].members),
+        key=lambda work: (work.whole_count, -work.order),
+    )
+    text = f"best candidate {best.name}: {best.whole_count} GPU free, {shape.whole_gpus} requested"
+    held = [
+        f"gpu {device}: {quantities.format_bytes(best.node.devices[device].unattributed_bytes)} held by a process of "
+        "no pod"
+        for device in range(len(best.dev_mem))
+        if best.node.devices[device].unattributed_bytes > 0 and not best.dev_whole[device]
+    ]
+    if held:
+        text += "; " + "; ".join(held)
+    return status.Reason.NO_GPU_FITS, text
+
+
+def _explain_share(cap: capacity.Capacity, shape: search.Shape, eligible: tuple[int, ...]) -> tuple[status.Reason, str]:
+    share = shape.share
+    assert share is not None
+    best: tuple[int, int, int] | None = None  # (room minus need, -order, -device)
+    for cls in eligible:
+        for order in _share_candidates(cap, cls, share):
+            work = cap.by_order[order]
+            per_device = devices.share_on_each(share, work)
+            for device, free in enumerate(work.dev_free):
+                if work.dev_group[device] is None and not work.dev_whole[device]:
+                    continue
+                key = (free - per_device[device], -order, -device)
+                if best is None or key > best:
+                    best = key
+    if best is None:
+        return status.Reason.NO_GPU_FITS, "no GPU is free or shared on any node the pod may use"
+    work = cap.by_order[-best[1]]
+    device = -best[2]
+    need = devices.share_on_each(share, work)[device]
+    if work.dev_free[device] >= need:
+        text = _basics_text(work, shape, pods=shape.pods + (0 if work.dev_group[device] else 1))
+        return status.Reason.NO_NODE_FITS, f"best candidate {text} (gpu {device} has room)"
+    text = (
+        f"best candidate {work.name} gpu {device}: {quantities.format_milli_gpu(work.dev_free[device])} free, "
+        f"{quantities.format_milli_gpu(need)} requested"
+    )
+    measured = work.dev_meas[device]
+    if measured is not None:
+        text += f"; measured free {quantities.format_bytes(max(0, measured))} after the margin"
+    unattributed = work.node.devices[device].unattributed_bytes
+    if unattributed > 0:
+        text += f"; {quantities.format_bytes(unattributed)} held by a process of no pod"
+    if share.devices > 1:
+        text += f" ({share.devices} devices needed)"
+    return status.Reason.NO_GPU_FITS, text
+
+
+def free_summary(searcher: search.Searcher, shape: search.Shape) -> str:
+    """How much of what the pod needs is free in all, over the nodes it may use (for gang messages)."""
+    cap = searcher.capacity
+    works = [cap.by_order[order] for cls in searcher.eligible(shape.constraints) for order in cap.classes[cls].members]
+    if shape.whole_gpus:
+        free = sum(work.whole_count for work in works)
+        return f"{free} whole GPU free on {len(works)} node(s) it may use, {shape.whole_gpus} per pod"
+    if shape.share is not None:
+        free = sum(sum(work.dev_free) for work in works)
+        return f"{quantities.format_milli_gpu(free)} of GPU shares free on {len(works)} node(s) it may use"
+    cpu = sum(max(0, work.free_cpu) for work in works)
+    return f"{status.amount_text(1, cpu)} free on {len(works)} node(s) it may use"
+
+
+def _share_candidates(cap: capacity.Capacity, cls: int, share: model.GpuShare) -> list[int]:
+    """Nodes that may hold the device with the most room: from the indexes for a fraction, all for gpu-memory."""
+    index = cap.classes[cls]
+    if share.memory_bytes:
+        return index.members
+    found = {entry[2] for entry in index.shared[-8:]}
+    found.update(bucket[0] for bucket in index.whole.values() if bucket)
+    return sorted(found)
+
+
+def gpu_model_hint(shape: search.Shape) -> str:
+    models = shape.constraints.gpu_models
+    return f" (GPU model {', '.join(models)})" if models else ""
+
+
+def with_models(text: str, shape: search.Shape) -> str:
+    return text + gpu_model_hint(shape)
+
+
+def describe_pod(pod: model.Pod) -> str:
+    return f"pod {pod.namespace}/{pod.name}"

@@ -1,0 +1,305 @@
+"""GPU fragmentation as the workload sees it, and the placement scores built on it.
+
+A free GPU share is only worth something if a pod that will actually arrive can use it. Following FGD (Weng et al.,
+"Beware of Fragmentation", USENIX ATC 2023), the *typical pods* of a workload are its most popular shapes; a node's
+fragmentation, seen from one shape, is the free milli-GPU on it that a pod of that shape could not use (the node
+lacks CPU or memory for it, has the wrong GPU model, or its devices' remainders are smaller than the pod's share);
+the node's fragmentation is the popularity-weighted sum over the typical shapes. FGD places each pod where that sum
+grows the least.
+
+Everything here is plain integers over plain values (free CPU, memory and per-device milli-GPU of one node, and a
+pod's request), so the placement engine, the trace simulator and tests share it. Weights are integer counts, so a
+node's measure is an exact integer (``weighted``) and the division by the total weight happens only when a person
+reads it. Node states repeat a great deal during a replay (most nodes are empty, full, or in one of a few common
+states), so the measure is memoised per (GPU model, free CPU, free memory, free devices).
+
+``QuotientScorer`` is our own placement score; its docstring says what it adds to FGD and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+MILLI_GPU_PER_DEVICE = 1000
+
+# FGD's published configuration: the most popular shapes covering 95% of the pods are typical
+# (hkust-adsl/kubernetes-scheduler-simulator, scripts/generate_config_and_run.py, --pod-popularity-threshold 95).
+TYPICAL_COVERAGE_PERCENT = 95
+
+# The kube-scheduler framework's node score range, which FGD's plugin maps its fragmentation change into.
+_MAX_NODE_SCORE = 100
+
+# The memo is bounded so a long-running scheduler cannot grow it without limit; a replay of the Alibaba trace
+# visits well under this many distinct node states.
+_MEMO_LIMIT = 400_000
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class PodShape:
+    """What one pod asks for: CPU, memory, and ``gpu_count`` devices with ``milli_gpu`` on each.
+
+    ``milli_gpu`` is 1000 for whole devices and below 1000 for a share of one device. ``gpu_models`` lists the GPU
+    models the pod accepts; empty means any.
+    """
+
+    milli_cpu: int
+    memory_bytes: int
+    gpu_count: int = 0
+    milli_gpu: int = 0
+    gpu_models: frozenset[str] = frozenset()
+
+    @property
+    def total_milli_gpu(self) -> int:
+        return self.gpu_count * self.milli_gpu
+
+    @property
+    def is_fractional(self) -> bool:
+        return self.gpu_count == 1 and 0 < self.milli_gpu < MILLI_GPU_PER_DEVICE
+
+    def accepts_model(self, model: str) -> bool:
+        return not self.gpu_models or model in self.gpu_models
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class NodeFree:
+    """What is left on one node: its GPU model, free CPU and memory, and free milli-GPU per device (by index)."""
+
+    gpu_model: str
+    milli_cpu: int
+    memory_bytes: int
+    devices: tuple[int, ...]
+    resident_kinds: frozenset[str] = frozenset()
+    """The GPU request classes of the pods already on the node (``share``, ``1-gpu``, ``2-gpu``...), for scorers
+    that keep alike pods together; left empty where no scorer needs it."""
+
+    @property
+    def free_milli_gpu(self) -> int:
+        return sum(self.devices)
+
+    def whole_devices(self) -> int:
+        return sum(1 for free in self.devices if free == MILLI_GPU_PER_DEVICE)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class TypicalPod:
+    shape: PodShape
+    weight: int
+
+
+class Weighting:
+    """How a shape's popularity is counted when the typical pods are chosen."""
+
+    PODS = "pods"
+    """One per pod, as FGD does."""
+    GPU_DEMAND = "gpu-demand"
+    """Each pod counts its requested milli-GPU (CPU-only pods count nothing): shapes matter as much as the
+    capacity they will take."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class WorkloadProfile:
+    """The typical pods of a workload with integer weights; ``total_weight`` is their sum."""
+
+    typical: tuple[TypicalPod, ...]
+
+    @property
+    def total_weight(self) -> int:
+        return sum(t.weight for t in self.typical)
+
+    @staticmethod
+    def from_shapes(
+        shapes: Iterable[PodShape],
+        *,
+        coverage_percent: int = TYPICAL_COVERAGE_PERCENT,
+        weighting: str = Weighting.PODS,
+    ) -> WorkloadProfile:
+        """The most popular shapes that together reach ``coverage_percent`` of the total popularity.
+
+        Ties in popularity are broken by the shape's own order (CPU, share, device count, models), so the profile
+        does not depend on the order of the input.
+        """
+        counts: Counter[PodShape] = Counter()
+        for shape in shapes:
+            if weighting == Weighting.PODS:
+                counts[shape] += 1
+            elif weighting == Weighting.GPU_DEMAND:
+                if shape.total_milli_gpu:
+                    counts[shape] += shape.total_milli_gpu
+            else:
+                raise ValueError(f"unknown weighting {weighting!r}: use {Weighting.PODS!r} or {Weighting.GPU_DEMAND!r}")
+        total = sum(counts.values())
+        ranked = sorted(counts.items(), key=lambda item: (-item[1], _shape_order(item[0])))
+        chosen: list[TypicalPod] = []
+        covered = 0
+        for shape, weight in ranked:
+            if covered * 100 >= coverage_percent * total:
+                break
+            chosen.append(TypicalPod(shape=shape, weight=weight))
+            covered += weight
+        return WorkloadProfile(typical=tuple(chosen))
+
+
+def _shape_order(shape: PodShape) -> tuple[int, int, int, tuple[str, ...]]:
+    return (-shape.milli_cpu, -shape.milli_gpu, -shape.gpu_count, tuple(sorted(shape.gpu_models)))
+
+
+def stranded_milli_gpu(node: NodeFree, shape: PodShape, *, memory_aware: bool = False) -> int:
+    """The free milli-GPU on ``node`` that a pod of ``shape`` could not use.
+
+    All of it when the pod asks for no GPU, cannot have this GPU model, or does not fit on the node's CPU (and
+    memory, when ``memory_aware``) or devices; otherwise the remainders of the devices too small for its share.
+    """
+    total = sum(node.devices)
+    if (
+        shape.milli_gpu == 0
+        or shape.milli_cpu > node.milli_cpu
+        or (memory_aware and shape.memory_bytes > node.memory_bytes)
+        or not shape.accepts_model(node.gpu_model)
+    ):
+        return total
+    fitting = 0
+    small = 0
+    for free in node.devices:
+        if free >= shape.milli_gpu:
+            fitting += 1
+        else:
+            small += free
+    return small if fitting >= shape.gpu_count else total
+
+
+class FragmentationMeter:
+    """A node's fragmentation against a workload profile, memoised by node state.
+
+    ``weighted(node)`` is the exact integer sum of weight x stranded milli-GPU over the typical pods;
+    ``milli(node)`` divides it by the total weight. FGD ignores memory (its shapes carry none); ``memory_aware``
+    also counts a shape's GPUs as stranded on a node without the memory for it.
+    """
+
+    def __init__(self, profile: WorkloadProfile, *, memory_aware: bool = False) -> None:
+        self.profile = profile
+        self.memory_aware = memory_aware
+        self.total_weight = max(1, profile.total_weight)
+        self._shapes = [
+            (
+                t.weight,
+                t.shape.milli_cpu,
+                t.shape.memory_bytes if memory_aware else 0,
+                t.shape.gpu_count,
+                t.shape.milli_gpu,
+                t.shape.gpu_models,
+            )
+            for t in profile.typical
+        ]
+        self._memo: dict[tuple[str, int, int, tuple[int, ...]], int] = {}
+
+    def weighted(self, node: NodeFree) -> int:
+        key = (node.gpu_model, node.milli_cpu, node.memory_bytes if self.memory_aware else 0, node.devices)
+        found = self._memo.get(key)
+        if found is not None:
+            return found
+        value = self._compute(node.gpu_model, node.milli_cpu, key[2], node.devices)
+        if len(self._memo) >= _MEMO_LIMIT:
+            self._memo.clear()
+        self._memo[key] = value
+        return value
+
+    def milli(self, node: NodeFree) -> float:
+        return self.weighted(node) / self.total_weight
+
+    def _compute(self, model: str, cpu: int, memory: int, devices: tuple[int, ...]) -> int:
+        total = sum(devices)
+        if total == 0:
+            return 0
+        acc = 0
+        for weight, shape_cpu, shape_memory, count, milli, models in self._shapes:
+            if milli == 0 or shape_cpu > cpu or shape_memory > memory or (models and model not in models):
+                acc += weight * total
+                continue
+            fitting = 0
+            small = 0
+            for free in devices:
+                if free >= milli:
+                    fitting += 1
+                else:
+                    small += free
+            acc += weight * (small if fitting >= count else total)
+        return acc
+
+
+def after(node: NodeFree, pod: PodShape, devices: Sequence[int]) -> NodeFree:
+    """``node`` once ``pod`` holds ``devices`` (indices) on it."""
+    free = list(node.devices)
+    for index in devices:
+        free[index] -= pod.milli_gpu
+    return NodeFree(
+        gpu_model=node.gpu_model,
+        milli_cpu=node.milli_cpu - pod.milli_cpu,
+        memory_bytes=node.memory_bytes - pod.memory_bytes,
+        devices=tuple(free),
+        resident_kinds=node.resident_kinds,
+    )
+
+
+def whole_device_choice(node: NodeFree, count: int) -> tuple[int, ...] | None:
+    """The first ``count`` completely free devices by index, or None when there are fewer."""
+    chosen = tuple(i for i, free in enumerate(node.devices) if free == MILLI_GPU_PER_DEVICE)[:count]
+    return chosen if len(chosen) == count else None
+
+
+def device_options(node: NodeFree, pod: PodShape) -> list[tuple[int, ...]]:
+    """Every distinct way to put ``pod``'s GPUs on ``node``: for a share one device per distinct free amount, the
+    tightest first (the lowest index among equals); the first free devices for whole GPUs; nothing to choose for a
+    CPU-only pod. Empty when the GPUs do not fit."""
+    if pod.gpu_count == 0:
+        return [()]
+    if pod.milli_gpu >= MILLI_GPU_PER_DEVICE:
+        whole = whole_device_choice(node, pod.gpu_count)
+        return [whole] if whole is not None else []
+    first: dict[int, int] = {}
+    for index, free in enumerate(node.devices):
+        if free >= pod.milli_gpu and free not in first:
+            first[free] = index
+    return [(first[free],) for free in sorted(first)]
+
+
+def _sigmoid(x: float) -> float:
+    if x < -60.0:
+        return 0.0
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def fgd_score(growth: int, total_weight: int, *, scale_milli: int = MILLI_GPU_PER_DEVICE) -> int:
+    """The integer node score FGD's plugin gives a fragmentation growth of ``growth / total_weight`` milli-GPU:
+    ``int(100 * sigmoid(-growth / scale))``. Growths within a few tens of milli-GPU of each other score the same,
+    and so do all large growths, so ties are common and go to the first node in node order."""
+    return int(_MAX_NODE_SCORE * _sigmoid(-growth / total_weight / scale_milli))
+
+
+class FgdScorer:
+    """FGD: the placement (node and devices) whose fragmentation grows the least, scored as its plugin does."""
+
+    def __init__(self, meter: FragmentationMeter) -> None:
+        self.meter = meter
+
+    def __call__(self, node: NodeFree, pod: PodShape, devices: tuple[int, ...]) -> int:
+        growth = self.meter.weighted(after(node, pod, devices)) - self.meter.weighted(node)
+        return fgd_score(growth, self.meter.total_weight)
+
+
+class QuotientScorer:
+    """Our placement score (provisional while being tuned): FGD's growth, memory-aware, on a wider sigmoid."""
+
+    def __init__(self, meter: FragmentationMeter, *, scale_milli: int = 2 * MILLI_GPU_PER_DEVICE) -> None:
+        self.meter = meter
+        self.scale_milli = scale_milli
+
+    @staticmethod
+    def for_workload(shapes: Iterable[PodShape]) -> QuotientScorer:
+        return QuotientScorer(FragmentationMeter(WorkloadProfile.from_shapes(shapes), memory_aware=True))
+
+    def __call__(self, node: NodeFree, pod: PodShape, devices: tuple[int, ...]) -> int:
+        growth = self.meter.weighted(after(node, pod, devices)) - self.meter.weighted(node)
+        return fgd_score(growth, self.meter.total_weight, scale_milli=self.scale_milli)

@@ -1,0 +1,235 @@
+"""The plan of a cycle: built append-only with checkpoint and rollback, returned as an immutable value.
+
+A gang is a transaction (KAI's Statement, without mutating the snapshot): the engine takes a ``checkpoint()``, places
+member after member on the ``Draft``, and either keeps them or ``rollback(checkpoint)``s. Each change is also applied
+to the working state (capacity indexes and queue usage), with an undo entry, so the next member sees the room the
+previous ones took; rolling back pops undo entries, newest first. Nothing is ever copied wholesale: a rollback costs
+what the rolled-back members changed.
+
+At the end of the cycle ``Draft.finish`` returns the ``Plan`` and undoes everything, so the engine's working state
+mirrors the snapshot again for the next cycle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+
+from scheduler.placement import capacity, decisions, devices, fairshare, model, search, status
+
+Amounts = tuple[int, int, int]
+"""GPU (milli), CPU (milli), memory (bytes): the three resources queues account."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """The outcome of one cycle: what to bind, what to evict, why each pending group waits, and every queue's
+    deserved and fair share (for the Queue status and the per-queue metrics)."""
+
+    placements: tuple[decisions.Placement, ...]
+    evictions: tuple[decisions.Eviction, ...]
+    statuses: Mapping[model.GroupId, status.Status]
+    queues: Mapping[model.QueueName, fairshare.Share] = dataclasses.field(default_factory=dict)
+
+    def placed(self, pod: model.PodUid) -> decisions.Placement | None:
+        return next((placement for placement in self.placements if placement.pod == pod), None)
+
+
+def pod_amounts(pod: model.Pod) -> Amounts:
+    """What a running pod holds, as queues count it."""
+    gpu = pod.requests.milli_gpu
+    if pod.share is not None:
+        gpu = pod.allotted_milli_gpu * max(1, len(pod.devices))
+    return (gpu, pod.requests.milli_cpu, pod.requests.memory_bytes)
+
+
+class Usage:
+    """Allocated resources per queue, subtree sums (a placement counts for its queue and every ancestor)."""
+
+    __slots__ = ("allocated", "chains", "nonpreemptible")
+
+    def __init__(self, chains: Mapping[model.QueueName, tuple[model.QueueName, ...]]) -> None:
+        self.chains = chains
+        self.allocated: dict[model.QueueName, list[int]] = {name: [0, 0, 0] for name in chains}
+        self.nonpreemptible: dict[model.QueueName, list[int]] = {name: [0, 0, 0] for name in chains}
+
+    def add(self, queue: model.QueueName, amounts: Amounts, *, nonpreemptible: bool, sign: int = 1) -> None:
+        for name in self.chains.get(queue, ()):
+            totals = self.allocated[name]
+            totals[0] += sign * amounts[0]
+            totals[1] += sign * amounts[1]
+            totals[2] += sign * amounts[2]
+            if nonpreemptible:
+                fixed = self.nonpreemptible[name]
+                fixed[0] += sign * amounts[0]
+                fixed[1] += sign * amounts[1]
+                fixed[2] += sign * amounts[2]
+
+
+class Kind(enum.Enum):
+    """What a tentative placement is for."""
+
+    BIND = "bind"
+    """Emitted: the binder binds the pod."""
+    RESERVE = "reserve"
+    """Held for a group whose victims are being evicted: the room stays taken for the rest of the cycle, and the
+    group is placed for real in a later cycle, once the victims are gone."""
+    MOVE = "move"
+    """A consolidated pod's new place: proves the move is possible; the pod is re-placed when it is recreated."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Checkpoint:
+    capacity: int
+    placements: int
+    evictions: int
+    usage: int
+
+
+class Draft:
+    """The append-only plan under construction; see the module docstring."""
+
+    def __init__(self, cap: capacity.Capacity, usage: Usage) -> None:
+        self.capacity = cap
+        self.usage = usage
+        self.placements: list[decisions.Placement] = []
+        self.kinds: list[Kind] = []
+        self.evictions: list[decisions.Eviction] = []
+        self.placed: dict[model.PodUid, decisions.Placement] = {}
+        self.evicted: dict[model.PodUid, decisions.Eviction] = {}
+        self._usage_undo: list[tuple[model.QueueName, Amounts, bool, int]] = []
+        self._start = cap.checkpoint()
+
+    def checkpoint(self) -> Checkpoint:
+        return Checkpoint(
+            capacity=self.capacity.checkpoint(),
+            placements=len(self.placements),
+            evictions=len(self.evictions),
+            usage=len(self._usage_undo),
+        )
+
+    def rollback(self, checkpoint: Checkpoint) -> None:
+        """Forget everything placed or evicted after ``checkpoint``."""
+        self.capacity.rollback(checkpoint.capacity)
+        while len(self.placements) > checkpoint.placements:
+            self.kinds.pop()
+            del self.placed[self.placements.pop().pod]
+        while len(self.evictions) > checkpoint.evictions:
+            del self.evicted[self.evictions.pop().pod]
+        undo = self._usage_undo
+        while len(undo) > checkpoint.usage:
+            queue, amounts, nonpreemptible, sign = undo.pop()
+            self.usage.add(queue, amounts, nonpreemptible=nonpreemptible, sign=-sign)
+
+    def _account(self, queue: model.QueueName, amounts: Amounts, *, nonpreemptible: bool, sign: int) -> None:
+        self.usage.add(queue, amounts, nonpreemptible=nonpreemptible, sign=sign)
+        self._usage_undo.append((queue, amounts, nonpreemptible, sign))
+
+    def place(
+        self, pod: model.Pod, group: model.Group, choice: search.Choice, *, kind: Kind = Kind.BIND
+    ) -> decisions.Placement:
+        """Put ``pod`` where ``choice`` says, taking the room on the working state."""
+        work = choice.work
+        cap = self.capacity
+        cap.begin(work)
+        work.free_cpu -= pod.requests.milli_cpu
+        work.free_mem -= pod.requests.memory_bytes
+        work.free_pods -= pod.requests.pods
+        gpu_groups: list[model.GpuGroupId] = []
+        opens: list[bool] = []
+        if choice.share_milli:
+            for device, milli in zip(choice.devices, choice.share_milli, strict=True):
+                gpu_group = work.dev_group[device] or devices.new_group_id(work.name, device, pod.uid)
+                opens.append(devices.take_share(work, device, milli, gpu_group))
+                gpu_groups.append(gpu_group)
+            gpu = sum(choice.share_milli)
+        else:
+            devices.take_whole(work, choice.devices)
+            gpu = len(choice.devices) * devices.FULL
+        cap.end(work)
+        self._account(
+            group.queue,
+            (gpu, pod.requests.milli_cpu, pod.requests.memory_bytes),
+            nonpreemptible=not group.preemptible,
+            sign=1,
+        )
+        placement = decisions.Placement(
+            pod=pod.uid,
+            group=group.id,
+            node=work.name,
+            devices=choice.devices,
+            share_milli=choice.share_milli,
+            gpu_groups=tuple(gpu_groups),
+            opens_groups=tuple(opens),
+        )
+        self.placements.append(placement)
+        self.kinds.append(kind)
+        self.placed[pod.uid] = placement
+        return placement
+
+    def bound(self, kind: Kind = Kind.BIND) -> list[decisions.Placement]:
+        return [placement for placement, of in zip(self.placements, self.kinds, strict=True) if of is kind]
+
+    def evict(
+        self,
+        pod: model.Pod,
+        group: model.Group,
+        *,
+        reason: decisions.EvictionReason,
+        beneficiary: model.GroupId | None,
+        message: str,
+        moved_to: model.NodeName | None = None,
+    ) -> decisions.Eviction:
+        """Evict a running pod, giving its room back on the working state."""
+        if pod.node is not None and (work := self.capacity.by_name.get(pod.node)) is not None:
+            cap = self.capacity
+            cap.begin(work)
+            work.free_cpu += pod.requests.milli_cpu
+            work.free_mem += pod.requests.memory_bytes
+            work.free_pods += pod.requests.pods
+            valid = tuple(device for device in pod.devices if device < len(work.dev_free))
+            if pod.share is not None:
+                for device in valid:
+                    devices.give_back_share(work, device, pod.allotted_milli_gpu)
+            elif pod.whole_gpus:
+                devices.give_back_whole(work, valid)
+            cap.end(work)
+        self._account(group.queue, pod_amounts(pod), nonpreemptible=not group.preemptible, sign=-1)
+        eviction = decisions.Eviction(
+            pod=pod.uid,
+            group=group.id,
+            node=pod.node or model.NodeName(""),
+            reason=reason,
+            beneficiary=beneficiary,
+            message=message,
+            moved_to=moved_to,
+        )
+        self.evictions.append(eviction)
+        self.evicted[pod.uid] = eviction
+        return eviction
+
+    def set_moved_to(self, pod: model.PodUid, node: model.NodeName) -> None:
+        """Record where a consolidated pod would go again (its eviction was appended before it was re-placed)."""
+        for index in range(len(self.evictions) - 1, -1, -1):
+            if self.evictions[index].pod == pod:
+                updated = dataclasses.replace(self.evictions[index], moved_to=node)
+                self.evictions[index] = updated
+                self.evicted[pod] = updated
+                return
+
+    def finish(
+        self,
+        statuses: Mapping[model.GroupId, status.Status],
+        queues: Mapping[model.QueueName, fairshare.Share],
+    ) -> Plan:
+        """The plan as a value; undoes every change on the working state."""
+        plan = Plan(
+            placements=tuple(self.bound()), evictions=tuple(self.evictions), statuses=dict(statuses), queues=queues
+        )
+        self.capacity.rollback(self._start)
+        undo = self._usage_undo
+        while undo:
+            queue, amounts, nonpreemptible, sign = undo.pop()
+            self.usage.add(queue, amounts, nonpreemptible=nonpreemptible, sign=-sign)
+        return plan

@@ -1,0 +1,176 @@
+"""How a choice of node and devices is scored for a pod: the seam where placement strategies plug in.
+
+A scorer sees plain values only (a ``NodeState`` and a ``GpuRequest``: integers and tuples of integers), so it can
+be written, tested and memoised without the engine: the engine calls it once per distinct (node state, request,
+devices) and caches the answer, since the same value always scores the same. Higher is better; ties go to the node
+whose name sorts first, then to the lowest device indexes, so a plan never depends on hashing.
+
+The built-in strategies, composed from a node-level and a device-level policy:
+
+- ``binpack`` (the default): for a share, an already shared device before opening a free one (whole devices stay
+  whole), and among shared devices first one whose remainder after the share is zero or a size the pending workload
+  asks for (so the hole left behind gets filled), then the tightest fit; a new shared device goes to the node with
+  the fewest free whole devices. For whole GPUs, the node left with the fewest free whole devices, so nodes with
+  many free devices stay free for the big requests.
+- ``spread``: the opposite at each level: the device with the most room, the node with the most free devices.
+
+The score is built from explicit, bounded parts (``lexicographic``), never from magnitudes that only order
+correctly by accident. The simulator adds other scorers (FGD and a fragmentation-aware one) through the same
+Protocol; a scorer must be a pure function of its arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Sequence
+from typing import Protocol
+
+MILLI_GPU_PER_DEVICE = 1000
+# Every part of a built-in score lies in [0, _PART): milli-GPU per device is at most 1000, and a node has at most a
+# few hundred devices and their sum in milli-GPU stays below 2**20 for any node that exists (8 x 1000 in practice).
+_PART = 1 << 21
+
+
+class Strategy(enum.StrEnum):
+    """Node- or device-level placement policy (mirrors ``model.Strategy``, kept here so scoring imports nothing)."""
+
+    BINPACK = "binpack"
+    SPREAD = "spread"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class NodeState:
+    """A node as a scorer sees it, before the placement being scored.
+
+    ``device_free_milli``: per device (index order) the milli-GPU a share could still take there (request-based
+    free, lowered by measured free memory where telemetry is fresh); 0 for a device held whole or unhealthy.
+    ``device_whole_free``: the device is free for a whole-GPU pod or a new GPU group. ``device_shared``: the device
+    belongs to a GPU group (a share may join it).
+    """
+
+    free_milli_cpu: int
+    free_memory_bytes: int
+    allocatable_milli_cpu: int
+    allocatable_memory_bytes: int
+    device_free_milli: tuple[int, ...]
+    device_memory_bytes: tuple[int, ...]
+    device_whole_free: tuple[bool, ...]
+    device_shared: tuple[bool, ...]
+
+    @property
+    def whole_free_count(self) -> int:
+        return sum(self.device_whole_free)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class GpuRequest:
+    """What one pod asks for: CPU, memory, and either ``whole_gpus`` or ``share_milli`` on each of ``share_devices``.
+
+    ``share_milli`` is already converted for the node being scored (a gpu-memory share differs per device size;
+    the engine passes the per-device shares in ``share_milli_per_device`` then, in device index order).
+    """
+
+    milli_cpu: int = 0
+    memory_bytes: int = 0
+    whole_gpus: int = 0
+    share_milli: int = 0
+    share_devices: int = 0
+    share_milli_per_device: tuple[int, ...] = ()
+
+    @property
+    def is_share(self) -> bool:
+        return self.share_devices > 0
+
+    def share_on(self, device: int) -> int:
+        """The milli-GPU this request takes on ``device``."""
+        if self.share_milli_per_device:
+            return self.share_milli_per_device[device]
+        return self.share_milli
+
+
+class GpuPlacementScorer(Protocol):
+    """Scores putting ``request`` on ``devices`` of a node in ``state``; higher is better.
+
+    Must be pure and deterministic (the engine memoises it by value) and fast (it runs once per distinct state).
+    ``devices`` is the choice being scored: device indexes on the node, empty for a CPU-only pod.
+    """
+
+    def __call__(self, state: NodeState, request: GpuRequest, devices: tuple[int, ...]) -> int: ...
+
+
+def lexicographic(*parts: int) -> int:
+    """Pack non-negative parts, each below 2**21, into one integer that orders like the tuple of parts."""
+    score = 0
+    for part in parts:
+        if not 0 <= part < _PART:
+            raise ValueError(f"score part {part} outside [0, {_PART})")
+        score = score * _PART + part
+    return score
+
+
+def waste(free_milli: int, demanded: Sequence[int]) -> int:
+    """What of a free fragment no demanded size can use: ``free`` minus the largest demanded size that fits in it.
+
+    ``demanded`` is sorted ascending. Zero when the fragment is empty or exactly a demanded size.
+    """
+    best = 0
+    for size in demanded:
+        if size > free_milli:
+            break
+        best = size
+    return free_milli - best
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class BuiltinScorer:
+    """The built-in ``binpack``/``spread`` scorer, node and device policies chosen separately.
+
+    ``demanded`` are the share sizes (milli-GPU, ascending) that pending pods ask for; binpack prefers leaving a
+    remainder of one of those sizes (or nothing) on the device it fills.
+    """
+
+    node: Strategy = Strategy.BINPACK
+    device: Strategy = Strategy.BINPACK
+    demanded: tuple[int, ...] = ()
+
+    def __call__(self, state: NodeState, request: GpuRequest, devices: tuple[int, ...]) -> int:
+        if request.is_share:
+            return lexicographic(*self._device_parts(state, request, devices), self._node_part(state, request, devices))
+        if request.whole_gpus:
+            return lexicographic(0, 0, 0, self._node_part(state, request, devices))
+        return lexicographic(0, 0, *self._cpu_parts(state, request))
+
+    def _device_parts(self, state: NodeState, request: GpuRequest, devices: tuple[int, ...]) -> tuple[int, int, int]:
+        # A share on several devices is as good as its worst device.
+        parts: list[tuple[int, int, int]] = []
+        for device in devices:
+            left = state.device_free_milli[device] - request.share_on(device)
+            joins_group = state.device_shared[device]
+            if self.device is Strategy.BINPACK:
+                # joins a group, leaves a useful remainder, fits tightest: each strictly more important than the next
+                fills_hole = joins_group and (left == 0 or left in self.demanded)
+                parts.append((int(joins_group), int(fills_hole), MILLI_GPU_PER_DEVICE - left if joins_group else 0))
+            else:
+                parts.append((int(not joins_group), left, 0))
+        return min(parts) if parts else (0, 0, 0)
+
+    def _node_part(self, state: NodeState, request: GpuRequest, devices: tuple[int, ...]) -> int:
+        whole_left = state.whole_free_count - request.whole_gpus
+        if request.is_share:
+            whole_left -= sum(1 for device in devices if state.device_whole_free[device])
+        whole_left = min(max(0, whole_left), _PART - 1)
+        return _PART - 1 - whole_left if self.node is Strategy.BINPACK else whole_left
+
+    def _cpu_parts(self, state: NodeState, request: GpuRequest) -> tuple[int, int]:
+        # A CPU-only pod: packing keeps it off nodes with free GPUs, then packs by cores left; spread the opposite.
+        cores_left = min(max(0, state.free_milli_cpu - request.milli_cpu) // 1000, _PART - 1)
+        gpus_free = min(state.whole_free_count, _PART - 1)
+        if self.node is Strategy.BINPACK:
+            return _PART - 1 - gpus_free, _PART - 1 - cores_left
+        return gpus_free, cores_left
+
+
+def builtin(*, node: Strategy, device: Strategy, demanded: Sequence[int] = ()) -> BuiltinScorer:
+    """The built-in scorer for a node and a device strategy."""
+    return BuiltinScorer(node=node, device=device, demanded=tuple(sorted(set(demanded))))
