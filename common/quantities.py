@@ -9,6 +9,7 @@ what is accepted.
 from __future__ import annotations
 
 import decimal
+import functools
 import re
 
 from common.errors import QuantityError
@@ -43,8 +44,13 @@ _MAX_QUANTITY_CHARS = 64
 _MAX_EXPONENT = 30
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_quantity(text: str) -> decimal.Decimal:
-    """Return the exact value of a Kubernetes quantity string."""
+    """Return the exact value of a Kubernetes quantity string.
+
+    Memoised: a cluster writes the same few quantities ("1", "500m", "16Gi") on thousands of pods, and the scheduler
+    reads them on every change; Decimal values are immutable, so sharing them is safe.
+    """
     if len(text) > _MAX_QUANTITY_CHARS:
         raise QuantityError(f"{text[:_MAX_QUANTITY_CHARS]!r}... is too long to be {_QUANTITY_FORMS}")
     match = _QUANTITY.match(text.strip())

@@ -18,6 +18,7 @@ from common import logs
 BENCHMARKS: dict[str, str] = {
     "agent": "quotient.bench.agent",
     "engine": "quotient.bench.engine",
+    "e2e": "quotient.bench.e2e",
 }
 
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.kube import annotations
-from scheduler.kube.annotations import AnnotationProblem, GpuRequest
+from scheduler.kube import gpurequest
+from scheduler.kube.gpurequest import AnnotationProblem, GpuRequest
 
 GIB = 1024**3
 MIB = 1024**2
@@ -24,16 +24,16 @@ def pod(annotations_: dict[str, str] | None = None, *, gpus: str | None = None, 
 
 
 def test_a_pod_without_gpus_asks_for_nothing() -> None:
-    assert annotations.parse(pod()) == annotations.NO_GPU
+    assert gpurequest.parse(pod()) == gpurequest.NO_GPU
 
 
 def test_whole_gpus_come_from_the_resource_limit() -> None:
-    assert annotations.parse(pod(gpus="2")) == GpuRequest(whole=2, devices=2)
+    assert gpurequest.parse(pod(gpus="2")) == GpuRequest(whole=2, devices=2)
 
 
 @pytest.mark.parametrize(("text", "milli"), [("0.5", 500), ("0.25", 250), ("0.7", 700), (".2", 200), ("0.001", 1)])
 def test_fractions_become_milli_gpu(text: str, milli: int) -> None:
-    assert annotations.parse(pod({"gpu-fraction": text})) == GpuRequest(milli_gpu=milli, devices=1, container="main")
+    assert gpurequest.parse(pod({"gpu-fraction": text})) == GpuRequest(milli_gpu=milli, devices=1, container="main")
 
 
 @pytest.mark.parametrize(
@@ -51,7 +51,7 @@ def test_fractions_become_milli_gpu(text: str, milli: int) -> None:
     ],
 )
 def test_gpu_memory_accepts_kai_integers_quantities_and_spelled_units(text: str, expected: int) -> None:
-    request = annotations.parse(pod({"gpu-memory": text}))
+    request = gpurequest.parse(pod({"gpu-memory": text}))
     assert isinstance(request, GpuRequest) and request.memory_bytes == expected and request.is_share
 
 
@@ -82,26 +82,26 @@ def test_gpu_memory_accepts_kai_integers_quantities_and_spelled_units(text: str,
 def test_invalid_annotations_are_refused_with_a_message_that_says_what_is_accepted(
     annotations_: dict[str, str], gpus: str | None, field: str, words: str
 ) -> None:
-    problem = annotations.parse(pod(annotations_, gpus=gpus))
+    problem = gpurequest.parse(pod(annotations_, gpus=gpus))
     assert isinstance(problem, AnnotationProblem)
     assert problem.field == field
     assert words in problem.message
 
 
 def test_num_devices_and_container_name_are_honoured() -> None:
-    request = annotations.parse(
+    request = gpurequest.parse(
         pod({"gpu-fraction": "0.5", "gpu-fraction-num-devices": "2", "gpu-fraction-container-name": "c1"}, containers=2)
     )
     assert request == GpuRequest(milli_gpu=500, devices=2, container="c1")
 
 
 def test_a_non_integer_gpu_limit_is_refused() -> None:
-    problem = annotations.parse(pod(gpus="1.5"))
+    problem = gpurequest.parse(pod(gpus="1.5"))
     assert isinstance(problem, AnnotationProblem) and "whole number" in problem.message
 
 
 @given(st.text(max_size=40), st.text(max_size=40))
 def test_no_text_in_the_annotations_ever_raises(fraction: str, memory: str) -> None:
     for annotations_ in ({"gpu-fraction": fraction}, {"gpu-memory": memory}):
-        result = annotations.parse(pod(annotations_))
+        result = gpurequest.parse(pod(annotations_))
         assert isinstance(result, GpuRequest | AnnotationProblem)

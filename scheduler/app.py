@@ -1,0 +1,505 @@
+"""``quotient scheduler``: the Kubernetes scheduler around the placement engine.
+
+One process, one event loop (uvloop). Shape:
+
+- Leader election over a ``coordination.k8s.io`` Lease. Only the leader watches and schedules; a replica that loses
+  the lease stops at once and exits (its Deployment restarts it as a standby), because its in-memory state may be
+  stale: the next leader rebuilds everything from the API.
+- Reflectors (list, then watch with bookmarks, relist and diff on ``410``) for pods, nodes, Queues, PodGroups and
+  PriorityClasses feed one ``ClusterState``; each change marks the state dirty.
+- The cycle runs whenever the state is dirty, coalescing bursts: snapshot (rebuilding only what changed), the
+  engine, then the plan is *assumed* in the state at once and handed to the binder, which carries it out with
+  bounded concurrency. Status (PodGroup conditions, events, Queue status) is written after each cycle, only where it
+  changed.
+- New pods without a group go to the grouper, which reads their owners, creates their PodGroup and annotates them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import os
+import socket
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from common import config, logs
+from common.config import Setting
+from common.errors import ConfigError, QuotientError
+from common.httpendpoint import HttpEndpoint, Response
+from scheduler.kube import binding, client, events, grouper, grouping, leases, statuswriter, watches
+from scheduler.kube.errors import KubeError
+from scheduler.metrics import CONTENT_TYPE, SchedulerMetrics
+from scheduler.placement import cycle, model, plan
+from scheduler.state import cache, snapshot
+
+log = logs.get("scheduler")
+
+
+def _names(raw: object) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in str(raw).split(",") if part.strip())
+    if not names:
+        raise ValueError("at least one scheduler name is needed")
+    return names
+
+
+SETTINGS: tuple[Setting[object], ...] = (
+    Setting(
+        name="kubeconfig", parse=config.parse_existing_file, default=None, help="kubeconfig file (default: in-cluster)"
+    ),
+    Setting(
+        name="kube_server",
+        parse=config.parse_str,
+        default=None,
+        help="API server URL without credentials (the emulator)",
+    ),
+    Setting(
+        name="scheduler_name",
+        parse=_names,
+        default=("quotient",),
+        help="the spec.schedulerName values this scheduler serves, comma-separated (e.g. quotient,kai-scheduler)",
+    ),
+    Setting(
+        name="queue_label",
+        parse=config.parse_str,
+        default=grouping.QUEUE_LABEL,
+        help="the pod/owner label naming the queue",
+    ),
+    Setting(name="nats", parse=config.parse_nats_url, default=None, help="NATS server URL(s) for telemetry and alerts"),
+    Setting(
+        name="nats_nkey_seed", parse=config.parse_existing_file, default=None, help="the scheduler's nkey seed file"
+    ),
+    Setting(name="metrics_port", parse=config.parse_port, default=8080, help="port of /metrics and /healthz (0: off)"),
+    Setting(name="metrics_host", parse=config.parse_str, default="0.0.0.0", help="address /metrics listens on"),
+    Setting(name="leader_elect", parse=config.parse_bool, default=True, help="elect a leader through a Lease"),
+    Setting(name="lease_namespace", parse=config.parse_str, default="quotient-system", help="namespace of the Lease"),
+    Setting(name="lease_name", parse=config.parse_str, default="quotient-scheduler", help="name of the Lease"),
+    Setting(name="lease_duration", parse=config.parse_positive_duration_s, default=15.0, help="Lease duration"),
+    Setting(name="renew_deadline", parse=config.parse_positive_duration_s, default=10.0, help="Lease renew deadline"),
+    Setting(name="retry_period", parse=config.parse_positive_duration_s, default=2.0, help="Lease retry period"),
+    Setting(
+        name="identity", parse=config.parse_str, default=None, help="this replica's identity (default: hostname-pid)"
+    ),
+    Setting(
+        name="cycle_debounce", parse=config.parse_positive_duration_s, default=0.02, help="coalescing window of cycles"
+    ),
+    Setting(name="bind_concurrency", parse=config.parse_str, default="32", help="API calls of the binder in flight"),
+    Setting(
+        name="watch_timeout", parse=config.parse_positive_duration_s, default=300.0, help="server-side watch timeout"
+    ),
+    Setting(
+        name="stale_gang_grace",
+        parse=config.parse_positive_duration_s,
+        default=60.0,
+        help="grace of a gang below minMember",
+    ),
+    Setting(
+        name="gpu_strategy", parse=config.choice("binpack", "spread"), default="binpack", help="node order for GPU pods"
+    ),
+    Setting(
+        name="cpu_strategy", parse=config.choice("binpack", "spread"), default="binpack", help="node order for CPU pods"
+    ),
+    *config.LOG_SETTINGS,
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    kubeconfig: str | None
+    kube_server: str | None
+    scheduler_names: tuple[str, ...]
+    queue_label: str
+    metrics_host: str
+    metrics_port: int
+    leader_elect: bool
+    election: leases.ElectionConfig
+    cycle_debounce_s: float
+    bind_concurrency: int
+    watch_timeout_s: int
+    engine_config: model.Config
+
+
+def settings_from(values: Mapping[str, object]) -> Settings:
+    try:
+        concurrency = int(str(values["bind_concurrency"]))
+    except ValueError:
+        raise ConfigError(f"--bind-concurrency: {values['bind_concurrency']!r} is not a whole number") from None
+    if not 1 <= concurrency <= 1024:
+        raise ConfigError(f"--bind-concurrency: {concurrency} must be within 1..1024")
+    identity = str(values["identity"] or f"{socket.gethostname()}-{os.getpid()}")
+    election = leases.ElectionConfig(
+        namespace=str(values["lease_namespace"]),
+        name=str(values["lease_name"]),
+        identity=identity,
+        lease_duration_s=float(str(values["lease_duration"])),
+        renew_deadline_s=float(str(values["renew_deadline"])),
+        retry_period_s=float(str(values["retry_period"])),
+    )
+    names = values["scheduler_name"]
+    assert isinstance(names, tuple)
+    engine_config = dataclasses.replace(
+        model.DEFAULT_CONFIG,
+        gpu_strategy=model.Strategy(str(values["gpu_strategy"])),
+        cpu_strategy=model.Strategy(str(values["cpu_strategy"])),
+        stale_gang_grace_ns=int(float(str(values["stale_gang_grace"])) * 1_000_000_000),
+    )
+    return Settings(
+        kubeconfig=str(values["kubeconfig"]) if values["kubeconfig"] else None,
+        kube_server=str(values["kube_server"]) if values["kube_server"] else None,
+        scheduler_names=tuple(str(name) for name in names),
+        queue_label=str(values["queue_label"]),
+        metrics_host=str(values["metrics_host"]),
+        metrics_port=int(str(values["metrics_port"])),
+        leader_elect=bool(values["leader_elect"]),
+        election=election,
+        cycle_debounce_s=float(str(values["cycle_debounce"])),
+        bind_concurrency=concurrency,
+        watch_timeout_s=max(1, int(float(str(values["watch_timeout"])))),
+        engine_config=engine_config,
+    )
+
+
+def _uid(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("uid") or "")
+
+
+class Scheduler:
+    """The leader's work: watch, schedule, bind, report. ``run()`` until cancelled."""
+
+    def __init__(self, api: client.KubeApi, settings: Settings, metrics: SchedulerMetrics) -> None:
+        self.api = api
+        self.settings = settings
+        self.metrics = metrics
+        self.state = cache.ClusterState(scheduler_names=settings.scheduler_names)
+        self.builder = snapshot.SnapshotBuilder(self.state, config=settings.engine_config)
+        self.engine = cycle.Engine()
+        self.recorder = events.EventRecorder(api, component="quotient-scheduler", instance=settings.election.identity)
+        self.binder = binding.Binder(api, report=self._on_report, concurrency=settings.bind_concurrency)
+        self.grouper = grouper.Grouper(api, queue_label=settings.queue_label, on_event=self._event)
+        self.writer = statuswriter.StatusWriter(api, on_event=self._event)
+        self._dirty = asyncio.Event()
+        self._status_due = asyncio.Event()
+        self._evicting: set[str] = set()
+        self._bind_started: dict[str, float] = {}
+        self._synced: set[str] = set()
+        self.cycles = 0
+        self.last_plan_statuses: dict[model.GroupId, Any] = {}
+        self._pending_write: tuple[snapshot.Built, plan.Plan] | None = None
+
+    async def _event(self, obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        self.recorder.record(events.ObjectRef.of(obj), type=events.EventType(type_), reason=reason, message=message)
+
+    # --- events from the watches --------------------------------------------------------------------------------
+
+    def _mark(self) -> None:
+        self._dirty.set()
+
+    def _handler(self, kind: str) -> watches.Handler:
+        async def handle(event: watches.ReflectorEvent) -> None:
+            if isinstance(event, watches.Synced):
+                self._synced.add(kind)
+                self._mark()
+                return
+            obj = event.obj
+            deleted = isinstance(event, watches.Deleted)
+            if kind == "pods":
+                if deleted:
+                    self.state.delete_pod(_uid(obj))
+                    self._evicting.discard(_uid(obj))
+                else:
+                    self.state.put_pod(obj)
+                    if self.state.is_ours(obj) and self.grouper.wants(obj, self.state.podgroups):
+                        self.grouper.submit(obj)
+            elif kind == "nodes":
+                name = str((obj.get("metadata") or {}).get("name") or "")
+                self.state.delete_node(name) if deleted else self.state.put_node(obj)
+            elif kind == "queues":
+                name = str((obj.get("metadata") or {}).get("name") or "")
+                self.state.delete_queue(name) if deleted else self.state.put_queue(obj)
+            elif kind == "podgroups":
+                meta = obj.get("metadata") or {}
+                if deleted:
+                    self.state.delete_podgroup(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+                else:
+                    self.state.put_podgroup(obj)
+                self._regroup_waiting(str(meta.get("namespace") or ""), str(meta.get("name") or ""), deleted)
+            elif kind == "priorityclasses":
+                name = str((obj.get("metadata") or {}).get("name") or "")
+                self.state.delete_priority_class(name) if deleted else self.state.put_priority_class(obj)
+            self._mark()
+
+        return handle
+
+    def _regroup_waiting(self, namespace: str, name: str, deleted: bool) -> None:
+        """A PodGroup vanished: its pods need one again (a user deleted it, or it was garbage collected)."""
+        if not deleted:
+            return
+        for uid in sorted(self.state.group_members.get((namespace, name), ())):
+            pod = self.state.pods.get(uid)
+            if pod is not None and self.grouper.wants(pod, self.state.podgroups):
+                self.grouper.submit(pod)
+
+    # --- the cycle ------------------------------------------------------------------------------------------------
+
+    def run_cycle(self) -> None:
+        """One synchronous cycle: snapshot, engine, assume, hand over to the binder. Status is written after."""
+        started = time.perf_counter()
+        built = self.builder.build(time.time_ns())
+        built_at = time.perf_counter()
+        result = self.engine.run(built.snapshot)
+        engine_at = time.perf_counter()
+        self.cycles += 1
+        for placement in result.placements:
+            uid = str(placement.pod)
+            pod = self.state.pods.get(uid)
+            if pod is None or uid in self.state.assumed:
+                continue
+            groups = tuple(binding.label_safe_group(str(group)) for group in placement.gpu_groups)
+            self.state.assume(
+                uid,
+                cache.Assumption(
+                    node=str(placement.node),
+                    devices=placement.devices,
+                    share_milli=placement.share_milli[0] if placement.share_milli else 0,
+                    gpu_groups=groups,
+                ),
+            )
+            meta = pod.get("metadata") or {}
+            ref = binding.PodRef(namespace=str(meta.get("namespace") or "default"), name=str(meta.get("name")), uid=uid)
+            self._bind_started[uid] = time.perf_counter()
+            self.binder.submit_bind(ref, placement, groups)
+        for eviction in result.evictions:
+            uid = str(eviction.pod)
+            pod = self.state.pods.get(uid)
+            if pod is None or uid in self._evicting:
+                continue
+            self._evicting.add(uid)
+            meta = pod.get("metadata") or {}
+            ref = binding.PodRef(namespace=str(meta.get("namespace") or "default"), name=str(meta.get("name")), uid=uid)
+            self.metrics.evictions.labels(eviction.reason.value).inc()
+            self.binder.submit_evict(ref, eviction)
+            self.recorder.record(
+                events.ObjectRef.of(pod), type=events.EventType.WARNING, reason="Evict", message=eviction.message
+            )
+        self.metrics.cycles.inc()
+        self.metrics.cycle_seconds.observe(time.perf_counter() - started)
+        counts: dict[str, int] = {}
+        for group_status in result.statuses.values():
+            counts[group_status.reason.value] = counts.get(group_status.reason.value, 0) + 1
+        self.metrics.set_pending(counts)
+        rejected: dict[str, int] = {}
+        for issue in built.pod_issues:
+            rejected[issue.reason] = rejected.get(issue.reason, 0) + 1
+        for reason in ("InvalidGpuRequest", "InvalidPodSpec"):
+            self.metrics.rejected_pods.labels(reason).set(rejected.get(reason, 0))
+        self.last_plan_statuses = dict(result.statuses)
+        self._pending_write = (built, result)
+        if result.placements or result.evictions:
+            log.info(
+                "cycle",
+                cycle=self.cycles,
+                placed=len(result.placements),
+                evicted=len(result.evictions),
+                pending=len(result.statuses),
+                ms=round((time.perf_counter() - started) * 1000, 2),
+                snapshot_ms=round((built_at - started) * 1000, 2),
+                engine_ms=round((engine_at - built_at) * 1000, 2),
+            )
+
+    async def _write_status(self) -> None:
+        if self._pending_write is None:
+            return
+        built, outcome = self._pending_write
+        state = self.state
+        pending_pods: dict[model.GroupId, list[dict[str, Any]]] = {}
+        group_queues: dict[model.GroupId, str] = {}
+        for group_id in outcome.statuses:
+            group = built.snapshot.groups.get(group_id)
+            if group is None:
+                continue
+            group_queues[group_id] = str(group.queue)
+            pending_pods[group_id] = [
+                state.pods[str(pod.uid)]
+                for pod in group.members
+                if pod.phase is model.PodPhase.PENDING and str(pod.uid) in state.pods
+            ]
+        issues = {issue.queue: issue for issue in built.queue_issues}
+        await self.writer.groups(outcome.statuses, built.podgroups, pending_pods, issues, group_queues)
+        await self.writer.pod_issues(built.pod_issues, state.pods)
+        queue_status = statuswriter.queue_statuses(
+            built.snapshot, outcome.queues, built.queue_issues, sorted(state.queues)
+        )
+        await self.writer.queues(queue_status)
+        for name, share in outcome.queues.items():
+            current = queue_status.get(str(name))
+            queue = built.snapshot.queues.get(name)
+            if current is None or queue is None:
+                continue
+            self.metrics.set_queue(
+                str(name),
+                fair=(share.fair.milli_gpu, share.fair.milli_cpu, share.fair.memory_bytes),
+                deserved=(share.deserved.milli_gpu, share.deserved.milli_cpu, share.deserved.memory_bytes),
+                quota=(queue.gpu.quota, queue.cpu.quota, queue.memory.quota),
+                allocated=current.allocated,
+                requested=current.requested,
+            )
+        self.metrics.forget_queues({str(name) for name in outcome.queues})
+
+    async def _on_report(self, report: binding.Report) -> None:
+        uid = report.pod.uid
+        started = self._bind_started.pop(uid, None)
+        if report.outcome is binding.Outcome.EVICTED or (
+            report.outcome is binding.Outcome.GONE and uid in self._evicting
+        ):
+            return
+        self.metrics.binds.labels(report.outcome.value).inc()
+        if started is not None:
+            self.metrics.bind_seconds.observe(time.perf_counter() - started)
+        if report.outcome is binding.Outcome.BOUND:
+            return
+        self.state.forget(uid)
+        self._mark()
+        pod = self.state.pods.get(uid)
+        if report.outcome is not binding.Outcome.GONE and pod is not None:
+            log.warning(
+                "bind_failed",
+                pod=f"{report.pod.namespace}/{report.pod.name}",
+                outcome=report.outcome.value,
+                message=report.message,
+            )
+            self.recorder.record(
+                events.ObjectRef.of(pod), type=events.EventType.WARNING, reason="FailedBinding", message=report.message
+            )
+
+    async def _cycle_loop(self) -> None:
+        kinds = {"pods", "nodes", "queues", "podgroups", "priorityclasses"}
+        while True:
+            await self._dirty.wait()
+            if not kinds <= self._synced:
+                self._dirty.clear()
+                continue
+            await asyncio.sleep(self.settings.cycle_debounce_s)
+            self._dirty.clear()
+            self.run_cycle()
+            self._status_due.set()
+
+    async def _status_loop(self) -> None:
+        """Writes the newest cycle's status; a cycle never waits for the API, and a slow API skips stale statuses."""
+        while True:
+            await self._status_due.wait()
+            self._status_due.clear()
+            try:
+                await self._write_status()
+            except KubeError as exc:
+                log.warning("status_write_failed", error=str(exc))
+
+    async def run(self) -> None:
+        reflectors = [
+            watches.Reflector(
+                self.api, client.PODS, handler=self._handler("pods"), watch_timeout_s=self.settings.watch_timeout_s
+            ),
+            watches.Reflector(
+                self.api, client.NODES, handler=self._handler("nodes"), watch_timeout_s=self.settings.watch_timeout_s
+            ),
+            watches.Reflector(
+                self.api, client.QUEUES, handler=self._handler("queues"), watch_timeout_s=self.settings.watch_timeout_s
+            ),
+            watches.Reflector(
+                self.api,
+                client.POD_GROUPS,
+                handler=self._handler("podgroups"),
+                watch_timeout_s=self.settings.watch_timeout_s,
+            ),
+            watches.Reflector(
+                self.api,
+                client.PRIORITY_CLASSES,
+                handler=self._handler("priorityclasses"),
+                watch_timeout_s=self.settings.watch_timeout_s,
+            ),
+        ]
+        self.metrics.leader.set(1)
+        try:
+            async with asyncio.TaskGroup() as group:
+                for reflector in reflectors:
+                    group.create_task(reflector.run())
+                group.create_task(self.recorder.run())
+                group.create_task(self._cycle_loop())
+                group.create_task(self._status_loop())
+        finally:
+            self.metrics.leader.set(0)
+            await self.binder.cancel()
+            await self.grouper.cancel()
+
+
+async def serve(settings: Settings) -> None:
+    metrics = SchedulerMetrics()
+    api = await client.KubeClient.connect(kubeconfig=settings.kubeconfig, server=settings.kube_server)
+    leading = {"ok": not settings.leader_elect}
+    endpoint: HttpEndpoint | None = None
+    if settings.metrics_port:
+        endpoint = HttpEndpoint(
+            host=settings.metrics_host,
+            port=settings.metrics_port,
+            routes={
+                "/metrics": lambda: Response(content_type=CONTENT_TYPE, body=metrics.render()),
+                "/healthz": lambda: Response(body=b"ok\n"),
+                "/readyz": lambda: Response(
+                    status=200 if leading["ok"] else 503, body=b"leader\n" if leading["ok"] else b"standby\n"
+                ),
+            },
+        )
+        await endpoint.start()
+    log.info("scheduler_starting", names=",".join(settings.scheduler_names), identity=settings.election.identity)
+    try:
+        if not settings.leader_elect:
+            await Scheduler(api, settings, metrics).run()
+            return
+        elector = leases.LeaderElector(api, settings.election)
+
+        async def lead() -> None:
+            leading["ok"] = True
+            try:
+                await Scheduler(api, settings, metrics).run()
+            finally:
+                leading["ok"] = False
+
+        await elector.run(lead)
+        log.warning("leadership_lost", identity=settings.election.identity)
+    finally:
+        if endpoint is not None:
+            await endpoint.close()
+        await api.close()
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="quotient scheduler", description="the Quotient Kubernetes scheduler")
+    config.add_arguments(parser, SETTINGS)
+    try:
+        values = config.resolve(SETTINGS, parser.parse_args(list(argv)))
+        settings = settings_from(values)
+    except ConfigError as exc:
+        print(f"quotient scheduler: {exc}", file=sys.stderr)
+        return 2
+    logs.setup(level=str(values["log_level"]), fmt=str(values["log_format"]))
+    import uvloop
+
+    async def main_task() -> None:
+        task = asyncio.ensure_future(serve(settings))
+        loop = asyncio.get_running_loop()
+        import signal
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    try:
+        uvloop.run(main_task())
+    except QuotientError as exc:
+        log.error("scheduler_failed", error=str(exc))
+        return 1
+    return 0

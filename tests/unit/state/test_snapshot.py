@@ -1,0 +1,164 @@
+"""From Kubernetes objects to a snapshot the real engine places: the state layer's contract."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scheduler.placement import cycle, model
+from scheduler.state import objects
+from scheduler.state.cache import Assumption, ClusterState
+from scheduler.state.snapshot import SnapshotBuilder, build_queues
+
+NOW = 1_800_000_000_000_000_000
+
+
+def node(name: str, *, gpus: int = 4, memory_mib: int = 81920, ready: bool = True) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "labels": {"nvidia.com/gpu.memory": str(memory_mib), "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+        },
+        "spec": {},
+        "status": {
+            "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(gpus)},
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def queue(name: str, parent: str | None = None, **resources: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "resources": resources
+        or {k: {"quota": -1, "limit": -1, "overQuotaWeight": 1} for k in ("gpu", "cpu", "memory")}
+    }
+    if parent:
+        spec["parentQueue"] = parent
+    return {"metadata": {"name": name, "creationTimestamp": "2026-01-01T00:00:00Z"}, "spec": spec}
+
+
+def podgroup(name: str, *, queue_name: str = "test", min_member: int = 1, namespace: str = "default") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": namespace, "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"minMember": min_member, "queue": queue_name},
+    }
+
+
+def pod(
+    name: str,
+    *,
+    group: str,
+    gpus: int = 0,
+    annotations: dict[str, str] | None = None,
+    node_name: str | None = None,
+    scheduler: str = "quotient",
+) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "main", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}
+    if gpus:
+        container["resources"]["limits"] = {"nvidia.com/gpu": str(gpus)}
+    spec: dict[str, Any] = {"schedulerName": scheduler, "containers": [container]}
+    if node_name:
+        spec["nodeName"] = node_name
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "uid": f"uid-{name}",
+            "annotations": {"pod-group-name": group, **(annotations or {})},
+            "creationTimestamp": "2026-01-01T00:00:01Z",
+        },
+        "spec": spec,
+        "status": {"phase": "Running" if node_name else "Pending"},
+    }
+
+
+def seeded_state() -> ClusterState:
+    state = ClusterState(scheduler_names=["quotient"])
+    state.put_node(node("n1"))
+    state.put_queue(queue("default"))
+    state.put_queue(queue("test", "default"))
+    return state
+
+
+def test_the_seeds_fractions_land_on_one_device_through_the_real_engine() -> None:
+    state = seeded_state()
+    for name, fraction in (("gpu-sharing", "0.5"), ("inference-api", "0.25")):
+        state.put_podgroup(podgroup(f"pg-{name}"))
+        state.put_pod(pod(name, group=f"pg-{name}", annotations={"gpu-fraction": fraction}))
+    built = SnapshotBuilder(state).build(NOW)
+    plan = cycle.Engine().run(built.snapshot)
+    placed = {p.pod: p for p in plan.placements}
+    assert set(placed) == {"uid-gpu-sharing", "uid-inference-api"}
+    assert placed[model.PodUid("uid-gpu-sharing")].devices == placed[model.PodUid("uid-inference-api")].devices
+    assert placed[model.PodUid("uid-gpu-sharing")].gpu_groups == placed[model.PodUid("uid-inference-api")].gpu_groups
+
+
+def test_devices_held_by_bound_and_assumed_pods_and_other_schedulers_are_not_offered_again() -> None:
+    state = seeded_state()
+    state.put_podgroup(podgroup("pg-a"))
+    bound = pod("a", group="pg-a", gpus=1, node_name="n1", annotations={objects.GPU_DEVICES_ANNOTATION: "2"})
+    state.put_pod(bound)
+    state.put_pod(pod("foreign", group="none", gpus=2, node_name="n1", scheduler="default-scheduler"))
+    state.put_podgroup(podgroup("pg-b"))
+    state.put_pod(pod("b", group="pg-b", gpus=1))
+    state.assume("uid-b", Assumption(node="n1", devices=(3,)))
+    built = SnapshotBuilder(state).build(NOW)
+    devices = built.snapshot.nodes[model.NodeName("n1")].devices
+    assert [d.holders for d in devices] == [("uid-foreign",), ("uid-foreign",), ("uid-a",), ("uid-b",)]
+    assert not any(d.is_free for d in devices)
+
+
+def test_unchanged_nodes_and_groups_are_the_same_objects_in_the_next_snapshot() -> None:
+    state = seeded_state()
+    state.put_node(node("n2"))
+    state.put_podgroup(podgroup("pg-a"))
+    state.put_pod(pod("a", group="pg-a", gpus=1))
+    builder = SnapshotBuilder(state)
+    first = builder.build(NOW).snapshot
+    state.put_pod(pod("x", group="other", node_name="n2", gpus=1))
+    second = builder.build(NOW).snapshot
+    assert second.nodes[model.NodeName("n1")] is first.nodes[model.NodeName("n1")]
+    assert second.nodes[model.NodeName("n2")] is not first.nodes[model.NodeName("n2")]
+    assert second.groups[model.GroupId("default/pg-a")] is first.groups[model.GroupId("default/pg-a")]
+
+
+def test_an_invalid_gpu_annotation_is_reported_and_keeps_the_pod_out_without_touching_others() -> None:
+    state = seeded_state()
+    state.put_podgroup(podgroup("pg-bad"))
+    state.put_pod(pod("bad", group="pg-bad", annotations={"gpu-fraction": "1.7"}))
+    state.put_podgroup(podgroup("pg-good"))
+    state.put_pod(pod("good", group="pg-good", gpus=1))
+    built = SnapshotBuilder(state).build(NOW)
+    assert [issue.name for issue in built.pod_issues] == ["bad"]
+    assert "out of range" in built.pod_issues[0].message
+    plan = cycle.Engine().run(built.snapshot)
+    assert [p.pod for p in plan.placements] == ["uid-good"]
+
+
+def test_queue_cycles_missing_parents_and_malformed_specs_are_reported_not_fatal() -> None:
+    queues = {
+        "ok": queue("ok"),
+        "a": queue("a", "b"),
+        "b": queue("b", "a"),
+        "orphan": queue("orphan", "gone"),
+        "bad": {"metadata": {"name": "bad"}, "spec": {"resources": {"gpu": {"quota": "lots"}}}},
+        "child-of-bad": queue("child-of-bad", "bad"),
+    }
+    kept, issues = build_queues(queues)
+    assert set(kept) == {"ok"}
+    by_queue = {issue.queue: issue.condition for issue in issues}
+    assert by_queue == {"a": "Cycle", "b": "Cycle", "orphan": "Orphan", "bad": "Invalid", "child-of-bad": "Orphan"}
+
+
+def test_queue_units_follow_kai() -> None:
+    parsed = objects.queue_from(
+        {
+            "metadata": {"name": "q"},
+            "spec": {
+                "resources": {"gpu": {"quota": 1.5, "limit": -1, "overQuotaWeight": 3}, "memory": {"quota": 1000}}
+            },
+        }
+    )
+    assert isinstance(parsed, model.Queue)
+    assert parsed.gpu == model.QueueResource(quota=1500, limit=-1, over_quota_weight=3)
+    assert parsed.memory.quota == 1000 * 10**6 and parsed.cpu.limit == 0
