@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import hashlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -169,7 +170,7 @@ class StatusWriter:
                         "reason": reason_message[0],
                         "message": reason_message[1],
                         "lastTransitionTime": _now(),
-                        "transitionID": str(abs(hash(reason_message)) % 10**9),
+                        "transitionID": hashlib.sha256("\n".join(reason_message).encode()).hexdigest()[:12],
                     }
                 )
             try:

@@ -254,7 +254,7 @@ class BindLedger:
         self._emulator = emulator
         self._lock = threading.Lock()
         self._bindings: list[Binding] = []
-        self._answers: list[tuple[str, str, int]] = []
+        self._answers: list[tuple[str, str, str, int]] = []
         api = emulator.emulator.api
         original = api.bind
 
@@ -278,8 +278,9 @@ class BindLedger:
         def counting_bind(namespace: str, name: str, body: Any) -> Any:
             result = original(namespace, name, body)
             code = result.code if isinstance(result, emulator_status.Failure) else 201
+            uid = str(((body if isinstance(body, dict) else {}).get("metadata") or {}).get("uid") or "")
             with self._lock:
-                self._answers.append((namespace, name, code))
+                self._answers.append((namespace, name, uid, code))
             return result
 
         self._listener = listener
@@ -301,20 +302,27 @@ class BindLedger:
             counts[binding.uid] = counts.get(binding.uid, 0) + 1
         return counts
 
-    def answers(self) -> list[tuple[str, str, int]]:
-        """(namespace, name, HTTP code) of every binding request the API layer answered."""
+    def answers(self) -> list[tuple[str, str, str, int]]:
+        """(namespace, name, uid or "", HTTP code) of every binding request the API layer answered."""
         with self._lock:
             return list(self._answers)
 
     def assert_each_bound_once(self) -> None:
         twice = {uid: count for uid, count in self.times_bound().items() if count != 1}
         assert not twice, f"pods bound more than once: {twice}; bindings: {self.bindings()}"
-        successes: dict[tuple[str, str], int] = {}
-        for namespace, name, code in self.answers():
+        successes: dict[str, int] = {}
+        for namespace, name, uid, code in self.answers():
             if code == 201:
-                successes[(namespace, name)] = successes.get((namespace, name), 0) + 1
+                key = uid or f"{namespace}/{name}"  # the scheduler sends the uid as a precondition
+                successes[key] = successes.get(key, 0) + 1
         repeated = {key: count for key, count in successes.items() if count != 1}
         assert not repeated, f"binding requests answered 201 more than once: {repeated}"
 
     def close(self) -> None:
-        self._emulator.call(lambda: self._emulator.emulator.store.unsubscribe(self._listener))
+        emulator = self._emulator.emulator
+
+        def restore() -> None:
+            emulator.store.unsubscribe(self._listener)
+            vars(emulator.api).pop("bind", None)  # the class's own method again
+
+        self._emulator.call(restore)

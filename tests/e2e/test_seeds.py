@@ -19,10 +19,8 @@ def world() -> Iterator[tuple[Kubectl, SchedulerProcess]]:
         scheduler = SchedulerProcess(emulator.url)
         try:
             yield kubectl, scheduler
-        except BaseException:
-            print(scheduler.log()[-5000:])
-            raise
         finally:
+            print(scheduler.log()[-5000:])  # pytest shows it only when the test failed
             scheduler.close()
             kubectl.close()
 
