@@ -24,14 +24,14 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
 from common import config, logs
 from common.config import Setting
 from common.errors import ConfigError, QuotientError
 from common.httpendpoint import HttpEndpoint, Response
-from scheduler.kube import binding, client, events, grouper, grouping, leases, statuswriter, watches
+from scheduler.kube import binding, client, events, grouper, grouping, leases, statuswriter, watches, webhook
 from scheduler.kube.errors import KubeError
 from scheduler.metrics import CONTENT_TYPE, SchedulerMetrics
 from scheduler.placement import cycle, model, plan
@@ -103,6 +103,7 @@ SETTINGS: tuple[Setting[object], ...] = (
     Setting(
         name="cpu_strategy", parse=config.choice("binpack", "spread"), default="binpack", help="node order for CPU pods"
     ),
+    *webhook.SETTINGS,
     *config.LOG_SETTINGS,
 )
 
@@ -121,6 +122,7 @@ class Settings:
     bind_concurrency: int
     watch_timeout_s: int
     engine_config: model.Config
+    webhook: webhook.WebhookSettings
 
 
 def settings_from(values: Mapping[str, object]) -> Settings:
@@ -160,6 +162,7 @@ def settings_from(values: Mapping[str, object]) -> Settings:
         bind_concurrency=concurrency,
         watch_timeout_s=max(1, int(float(str(values["watch_timeout"])))),
         engine_config=engine_config,
+        webhook=webhook.settings_from(values),
     )
 
 
@@ -179,7 +182,13 @@ class Scheduler:
         self.engine = cycle.Engine()
         self.recorder = events.EventRecorder(api, component="quotient-scheduler", instance=settings.election.identity)
         self.binder = binding.Binder(api, report=self._on_report, concurrency=settings.bind_concurrency)
-        self.grouper = grouper.Grouper(api, queue_label=settings.queue_label, on_event=self._event)
+        self.grouper = grouper.Grouper(
+            api,
+            queue_label=settings.queue_label,
+            on_event=self._event,
+            on_grouped=self._grouped,
+            still_unannotated=self._unannotated,
+        )
         self.writer = statuswriter.StatusWriter(api, on_event=self._event)
         self._dirty = asyncio.Event()
         self._status_due = asyncio.Event()
@@ -187,11 +196,21 @@ class Scheduler:
         self._bind_started: dict[str, float] = {}
         self._synced: set[str] = set()
         self.cycles = 0
+        self.ready = False
+        """True once every watch has listed: the first cycle can see the whole cluster."""
         self.last_plan_statuses: dict[model.GroupId, Any] = {}
         self._pending_write: tuple[snapshot.Built, plan.Plan] | None = None
 
     async def _event(self, obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         self.recorder.record(events.ObjectRef.of(obj), type=events.EventType(type_), reason=reason, message=message)
+
+    def _grouped(self, uid: str, name: str) -> None:
+        self.state.note_group(uid, name)
+        self._mark()
+
+    def _unannotated(self, uid: str) -> bool:
+        pod = self.state.pods.get(uid)
+        return pod is not None and cache.group_key(pod) is None
 
     # --- events from the watches --------------------------------------------------------------------------------
 
@@ -212,7 +231,9 @@ class Scheduler:
                     self._evicting.discard(_uid(obj))
                 else:
                     self.state.put_pod(obj)
-                    if self.state.is_ours(obj) and self.grouper.wants(obj, self.state.podgroups):
+                    if self.state.is_ours(obj) and self.grouper.wants(
+                        obj, self.state.podgroups, self.state.decided.get(_uid(obj))
+                    ):
                         self.grouper.submit(obj)
             elif kind == "nodes":
                 name = str((obj.get("metadata") or {}).get("name") or "")
@@ -240,7 +261,7 @@ class Scheduler:
             return
         for uid in sorted(self.state.group_members.get((namespace, name), ())):
             pod = self.state.pods.get(uid)
-            if pod is not None and self.grouper.wants(pod, self.state.podgroups):
+            if pod is not None and self.grouper.wants(pod, self.state.podgroups, self.state.decided.get(uid)):
                 self.grouper.submit(pod)
 
     # --- the cycle ------------------------------------------------------------------------------------------------
@@ -271,7 +292,10 @@ class Scheduler:
             meta = pod.get("metadata") or {}
             ref = binding.PodRef(namespace=str(meta.get("namespace") or "default"), name=str(meta.get("name")), uid=uid)
             self._bind_started[uid] = time.perf_counter()
-            self.binder.submit_bind(ref, placement, groups)
+            extra = {}
+            if cache.group_key(pod) is None and uid in self.state.decided:
+                extra[cache.POD_GROUP_ANNOTATION] = self.state.decided[uid]
+            self.binder.submit_bind(ref, placement, groups, extra)
         for eviction in result.evictions:
             uid = str(eviction.pod)
             pod = self.state.pods.get(uid)
@@ -382,6 +406,7 @@ class Scheduler:
             if not kinds <= self._synced:
                 self._dirty.clear()
                 continue
+            self.ready = True
             await asyncio.sleep(self.settings.cycle_debounce_s)
             self._dirty.clear()
             self.run_cycle()
@@ -438,7 +463,12 @@ class Scheduler:
 async def serve(settings: Settings) -> None:
     metrics = SchedulerMetrics()
     api = await client.KubeClient.connect(kubeconfig=settings.kubeconfig, server=settings.kube_server)
-    leading = {"ok": not settings.leader_elect}
+    current: dict[str, Scheduler | None] = {"scheduler": None}
+
+    def ready() -> bool:
+        scheduler = current["scheduler"]
+        return scheduler is not None and scheduler.ready
+
     endpoint: HttpEndpoint | None = None
     if settings.metrics_port:
         endpoint = HttpEndpoint(
@@ -448,31 +478,54 @@ async def serve(settings: Settings) -> None:
                 "/metrics": lambda: Response(content_type=CONTENT_TYPE, body=metrics.render()),
                 "/healthz": lambda: Response(body=b"ok\n"),
                 "/readyz": lambda: Response(
-                    status=200 if leading["ok"] else 503, body=b"leader\n" if leading["ok"] else b"standby\n"
+                    status=200 if ready() else 503, body=b"leading and synced\n" if ready() else b"standby\n"
                 ),
             },
         )
         await endpoint.start()
     log.info("scheduler_starting", names=",".join(settings.scheduler_names), identity=settings.election.identity)
+    # Every replica serves the admission webhook (a standby too: pod creation must not wait for an election).
+    admission: asyncio.Task[None] | None = None
+    if settings.webhook.enabled:
+        admission = asyncio.ensure_future(
+            guard(webhook.serve(api, settings.webhook, scheduler_names=settings.scheduler_names), "webhook")
+        )
     try:
-        if not settings.leader_elect:
-            await Scheduler(api, settings, metrics).run()
-            return
-        elector = leases.LeaderElector(api, settings.election)
 
         async def lead() -> None:
-            leading["ok"] = True
+            scheduler = Scheduler(api, settings, metrics)
+            current["scheduler"] = scheduler
             try:
-                await Scheduler(api, settings, metrics).run()
+                await scheduler.run()
             finally:
-                leading["ok"] = False
+                current["scheduler"] = None
+
+        if not settings.leader_elect:
+            await lead()
+            return
+        elector = leases.LeaderElector(api, settings.election)
 
         await elector.run(lead)
         log.warning("leadership_lost", identity=settings.election.identity)
     finally:
+        if admission is not None:
+            admission.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await admission
         if endpoint is not None:
             await endpoint.close()
         await api.close()
+
+
+async def guard(work: Coroutine[Any, Any, None], name: str) -> None:
+    """A side task that logs its failure at once instead of when someone awaits it."""
+    try:
+        await work
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("task_failed", task=name)
+        raise
 
 
 def main(argv: Sequence[str]) -> int:

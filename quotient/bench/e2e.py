@@ -13,14 +13,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import random
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from common import logs
@@ -81,16 +80,19 @@ def _percentile(values: list[float], fraction: float) -> float:
     return ordered[index]
 
 
-async def _watch_until(server: str, count: int, timeout_s: float) -> dict[str, tuple[int, int]]:
-    """pod name -> (created ns, bound ns), from a watch on the emulator."""
+async def _watch_until(
+    server: str, count: int, timeout_s: float, start_load: Callable[[], None]
+) -> dict[str, tuple[int, int]]:
+    """pod name -> (created ns, bound ns), from a watch on the emulator that starts before the first pod."""
     from scheduler.kube import client
 
     api = await client.KubeClient.connect(server=server)
     bound: dict[str, tuple[int, int]] = {}
-    deadline = time.monotonic() + timeout_s
     try:
         listed = await api.list(client.PODS, namespace="default")
         rv = listed.resource_version
+        start_load()
+        deadline = time.monotonic() + timeout_s
         while len(bound) < count and time.monotonic() < deadline:
             with contextlib.suppress(Exception):
                 async with contextlib.aclosing(
@@ -122,6 +124,7 @@ def run(argv: Sequence[str]) -> dict[str, object]:
     parser.add_argument("--timeout", type=float, default=120.0)
     args = parser.parse_args(list(argv))
     port = free_port()
+    metrics_port = free_port()
     server = f"http://127.0.0.1:{port}"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     quotient = [sys.executable, "-m", "quotient.cli"]
@@ -146,8 +149,9 @@ def run(argv: Sequence[str]) -> dict[str, object]:
                 "--kube-server",
                 server,
                 "--no-leader-elect",
+                "--no-webhook",
                 "--metrics-port",
-                "0",
+                str(metrics_port),
                 "--log-level",
                 "warning",
             ],
@@ -155,19 +159,26 @@ def run(argv: Sequence[str]) -> dict[str, object]:
             stderr=subprocess.STDOUT,
             env=env,
         )
-        time.sleep(2.0)  # the scheduler lists everything and starts watching
-        loader = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                "import asyncio,sys; from quotient.bench import e2e; "
-                f"asyncio.run(e2e._load({server!r}, {args.pods}, {args.rate}, {args.seed}))",
-            ],
-            env=env,
-        )
-        started = time.monotonic()
-        bound = asyncio.run(_watch_until(server, args.pods, args.timeout))
-        loader.wait(timeout=max(5.0, args.timeout - (time.monotonic() - started)))
+        _wait_http(f"http://127.0.0.1:{metrics_port}", 60, path="/readyz")  # listed everything, watching
+        loaders: list[subprocess.Popen[bytes]] = []
+
+        def start_load() -> None:
+            loaders.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-c",
+                        "import asyncio,sys; from quotient.bench import e2e; "
+                        f"asyncio.run(e2e._load({server!r}, {args.pods}, {args.rate}, {args.seed}))",
+                    ],
+                    env=env,
+                )
+            )
+
+        bound = asyncio.run(_watch_until(server, args.pods, args.timeout, start_load))
+        loader = loaders[0] if loaders else None
+        if loader is not None:
+            loader.wait(timeout=30)
     finally:
         for process in (loader, scheduler, emulator):
             if process is not None and process.poll() is None:
@@ -195,15 +206,15 @@ def run(argv: Sequence[str]) -> dict[str, object]:
     }
 
 
-def _wait_http(server: str, timeout_s: float) -> None:
+def _wait_http(server: str, timeout_s: float, *, path: str = "/version") -> None:
     import urllib.request
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"{server}/version", timeout=1) as response:
-                json.loads(response.read())
+            with urllib.request.urlopen(f"{server}{path}", timeout=1) as response:
+                response.read()
                 return
         except OSError:
             time.sleep(0.1)
-    raise RuntimeError(f"the emulator did not answer on {server} within {timeout_s}s")
+    raise RuntimeError(f"{server}{path} did not answer within {timeout_s}s")

@@ -1,10 +1,12 @@
 """Carrying out a plan: record the devices on each pod, bind it, evict victims; idempotent, bounded, retried.
 
 The cycle *assumes* every placement in the cluster state before the binder starts (so the next cycle sees the room
-taken). For each placement the binder then writes what the engine chose onto the pod (``quotient.dev/gpu-devices``,
-and for a share ``quotient.dev/gpu-share`` and the ``runai-gpu-group`` label KAI users inspect), and binds it
-through ``pods/binding``. The annotations go first so that a scheduler restarted between the two steps rebuilds the
-devices of every bound pod from the API: nothing lives only in memory. Outcomes:
+taken). For each placement the binder then binds the pod through ``pods/binding`` with what the engine chose as the
+Binding's annotations (``quotient.dev/gpu-devices``, and for a share ``quotient.dev/gpu-share`` and
+``quotient.dev/gpu-groups``), which the API server writes onto the pod in the same write as ``spec.nodeName``: a
+scheduler restarted at any moment rebuilds the devices of every bound pod from the API, and a pod costs one API call.
+A shared pod also needs the ``runai-gpu-group`` label KAI users inspect; labels cannot ride on a Binding, so it is
+patched (with the annotations) just before. Outcomes:
 
 - bound (201): done; the watch event replaces the assumption.
 - already assigned (409): the pod was bound meanwhile (by a previous leader, or a retry whose answer was lost);
@@ -24,7 +26,7 @@ import dataclasses
 import enum
 import hashlib
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from common import logs
 from common.backoff import Backoff
@@ -75,23 +77,25 @@ def label_safe_group(group: str) -> str:
     return "gpu-group-" + hashlib.sha256(group.encode()).hexdigest()[:24]
 
 
-def placement_patch(placement: decisions.Placement, gpu_groups: Sequence[str]) -> dict[str, object]:
-    """The metadata the binder writes on a pod before binding it (a merge patch)."""
-    annotations: dict[str, str] = {}
-    labels: dict[str, str] = {}
+def placement_annotations(
+    placement: decisions.Placement, gpu_groups: Sequence[str], extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """What the binder records on the pod: its devices, its share and GPU groups, and ``extra`` (``pod-group-name``)."""
+    annotations = dict(extra or {})
     if placement.devices:
         annotations[objects.GPU_DEVICES_ANNOTATION] = ",".join(str(index) for index in placement.devices)
     if placement.share_milli:
         annotations[objects.GPU_SHARE_ANNOTATION] = str(placement.share_milli[0])
         if gpu_groups:
-            labels[objects.GPU_GROUP_LABEL] = gpu_groups[0]
             annotations[objects.GPU_GROUPS_ANNOTATION] = ",".join(gpu_groups)
-    metadata: dict[str, object] = {}
-    if annotations:
-        metadata["annotations"] = annotations
-    if labels:
-        metadata["labels"] = labels
-    return {"metadata": metadata} if metadata else {}
+    return annotations
+
+
+def placement_labels(placement: decisions.Placement, gpu_groups: Sequence[str]) -> dict[str, str]:
+    """The ``runai-gpu-group`` label of a shared pod (KAI users select and inspect it); none for other pods."""
+    if placement.share_milli and gpu_groups:
+        return {objects.GPU_GROUP_LABEL: gpu_groups[0]}
+    return {}
 
 
 class Binder:
@@ -117,8 +121,14 @@ class Binder:
     def in_flight(self) -> int:
         return len(self._tasks)
 
-    def submit_bind(self, pod: PodRef, placement: decisions.Placement, gpu_groups: Sequence[str]) -> None:
-        self._spawn(self._bind(pod, placement, gpu_groups))
+    def submit_bind(
+        self,
+        pod: PodRef,
+        placement: decisions.Placement,
+        gpu_groups: Sequence[str],
+        extra_annotations: Mapping[str, str] | None = None,
+    ) -> None:
+        self._spawn(self._bind(pod, placement, gpu_groups, extra_annotations))
 
     def submit_evict(self, pod: PodRef, eviction: decisions.Eviction) -> None:
         self._spawn(self._evict(pod, eviction))
@@ -161,17 +171,32 @@ class Binder:
             except KubeError as exc:
                 return Report(pod=pod, outcome=Outcome.FAILED, node=None, message=f"{what}: {exc}", attempts=attempt)
 
-    async def _bind(self, pod: PodRef, placement: decisions.Placement, gpu_groups: Sequence[str]) -> None:
+    async def _bind(
+        self,
+        pod: PodRef,
+        placement: decisions.Placement,
+        gpu_groups: Sequence[str],
+        extra_annotations: Mapping[str, str] | None,
+    ) -> None:
         node = str(placement.node)
+        annotations = placement_annotations(placement, gpu_groups, extra_annotations)
+        labels = placement_labels(placement, gpu_groups)
 
         async def once() -> Report:
-            patch = placement_patch(placement, gpu_groups)
-            if patch:
+            if labels:
+                # Labels cannot ride on a Binding; the annotations go with them so the pod is complete before the bind.
                 try:
-                    await self._api.patch(client.PODS, patch, name=pod.name, namespace=pod.namespace)
+                    await self._api.patch(
+                        client.PODS,
+                        {"metadata": {"labels": labels, "annotations": annotations}},
+                        name=pod.name,
+                        namespace=pod.namespace,
+                    )
                 except KubeNotFound:
                     return Report(pod=pod, outcome=Outcome.GONE, node=None, message="the pod was deleted")
-            result = await self._api.bind_pod(namespace=pod.namespace, name=pod.name, node=node, uid=pod.uid)
+            result = await self._api.bind_pod(
+                namespace=pod.namespace, name=pod.name, node=node, uid=pod.uid, annotations=annotations
+            )
             if result.outcome is client.BindOutcome.BOUND:
                 return Report(pod=pod, outcome=Outcome.BOUND, node=node, message=f"bound to {node}")
             if result.outcome is client.BindOutcome.POD_GONE:

@@ -303,7 +303,18 @@ class KubeApi(Protocol):
         """Delete the object (only if its uid is ``uid``, when given); its last state, or None when it was gone."""
         ...
 
-    async def bind_pod(self, *, namespace: str, name: str, node: str, uid: str | None = None) -> BindResult: ...
+    async def bind_pod(
+        self,
+        *,
+        namespace: str,
+        name: str,
+        node: str,
+        uid: str | None = None,
+        annotations: Mapping[str, str] | None = None,
+    ) -> BindResult:
+        """Bind the pod to ``node``; ``annotations`` ride on the Binding, which the API server copies onto the pod in
+        the same write (``setPodHostAndAnnotations``), saving a patch."""
+        ...
 
     async def evict_pod(
         self, *, namespace: str, name: str, uid: str, reason: str, message: str, grace_period_s: int | None = None
@@ -699,10 +710,20 @@ class KubeClient:
         except KubeNotFound:
             return None
 
-    async def bind_pod(self, *, namespace: str, name: str, node: str, uid: str | None = None) -> BindResult:
+    async def bind_pod(
+        self,
+        *,
+        namespace: str,
+        name: str,
+        node: str,
+        uid: str | None = None,
+        annotations: Mapping[str, str] | None = None,
+    ) -> BindResult:
         # The uid makes the bind a precondition on this very pod: a namesake created meanwhile answers 409.
         binding = k8s.V1Binding(
-            metadata=k8s.V1ObjectMeta(name=name, namespace=namespace, uid=uid),
+            metadata=k8s.V1ObjectMeta(
+                name=name, namespace=namespace, uid=uid, annotations=dict(annotations) if annotations else None
+            ),
             target=k8s.V1ObjectReference(api_version="v1", kind="Node", name=node),
         )
         what = f"bind pods/{namespace}/{name} to {node}"

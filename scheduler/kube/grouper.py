@@ -23,6 +23,15 @@ log = logs.get("scheduler.grouper")
 Obj = dict[str, Any]
 EventSink = Callable[[Mapping[str, Any], str, str, str], Awaitable[None]]
 """(involved object, type, reason, message)"""
+GroupedSink = Callable[[str, str], None]
+"""(pod uid, PodGroup name): the pod's group exists now."""
+StillUnannotated = Callable[[str], bool]
+"""Does the pod (uid) still lack its ``pod-group-name`` annotation (neither bound with it nor patched)?"""
+
+# Most pods are bound within a cycle or two, and the binder writes ``pod-group-name`` onto the pod with the bind
+# itself (as a Binding annotation). Only a pod still waiting after this long gets the annotation by a patch of its own,
+# which saves one API write per pod in the common case.
+ANNOTATE_PENDING_AFTER_S = 1.0
 
 _MAX_OWNER_DEPTH = 8
 _OWNER_CACHE_TTL_S = 30.0
@@ -42,9 +51,15 @@ class Grouper:
         *,
         queue_label: str = grouping.QUEUE_LABEL,
         on_event: EventSink | None = None,
-        concurrency: int = 16,
+        on_grouped: GroupedSink | None = None,
+        still_unannotated: StillUnannotated | None = None,
+        concurrency: int = 64,
+        annotate_after_s: float = ANNOTATE_PENDING_AFTER_S,
     ) -> None:
         self._api = api
+        self._on_grouped = on_grouped
+        self._still_unannotated = still_unannotated
+        self._annotate_after_s = annotate_after_s
         self._queue_label = queue_label
         self._on_event = on_event
         self._slots = asyncio.Semaphore(concurrency)
@@ -52,12 +67,14 @@ class Grouper:
         self._in_progress: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def wants(self, pod: Mapping[str, Any], podgroups: Mapping[tuple[str, str], Obj]) -> bool:
-        """Does this pod of ours still need a group (no annotation, or its annotated PodGroup is missing)?"""
+    def wants(
+        self, pod: Mapping[str, Any], podgroups: Mapping[tuple[str, str], Obj], decided: str | None = None
+    ) -> bool:
+        """Does this pod of ours still need a group (none named or decided, or that PodGroup is missing)?"""
         meta = pod.get("metadata") or {}
         if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed") or meta.get("deletionTimestamp"):
             return False
-        name = (meta.get("annotations") or {}).get(grouping.POD_GROUP_ANNOTATION)
+        name = (meta.get("annotations") or {}).get(grouping.POD_GROUP_ANNOTATION) or decided
         if not name:
             return True
         return (str(meta.get("namespace") or "default"), str(name)) not in podgroups
@@ -127,13 +144,16 @@ class Grouper:
     async def _group(self, pod: Obj, uid: str) -> None:
         try:
             async with self._slots:
-                await self._group_one(pod)
+                name = await self._group_one(pod)
+            if name is not None:
+                await self._annotate(pod, uid, name)
         except KubeError as exc:
             log.warning("grouping_failed", pod=_pod_name(pod), error=str(exc))
         finally:
             self._in_progress.discard(uid)
 
-    async def _group_one(self, pod: Obj) -> None:
+    async def _group_one(self, pod: Obj) -> str | None:
+        """Make sure the pod's PodGroup exists; the name to annotate the pod with (None: it has the annotation)."""
         meta = pod.get("metadata") or {}
         namespace = str(meta.get("namespace") or "default")
         annotated = (meta.get("annotations") or {}).get(grouping.POD_GROUP_ANNOTATION)
@@ -174,18 +194,28 @@ class Grouper:
             )
         except KubeAlreadyExists:
             pass
-        if not annotated:
+        if decision.note and self._on_event is not None:
+            await self._on_event(pod, "Normal", "OwnGroup", decision.note)
+        return None if annotated else name
+
+    async def _annotate(self, pod: Obj, uid: str, name: str) -> None:
+        """Write ``pod-group-name`` unless the binder did so first, with the bind (see ANNOTATE_PENDING_AFTER_S)."""
+        meta = pod.get("metadata") or {}
+        if self._on_grouped is not None:
+            self._on_grouped(uid, name)
+            await asyncio.sleep(self._annotate_after_s)
+        if self._still_unannotated is not None and not self._still_unannotated(uid):
+            return
+        async with self._slots:
             try:
                 await self._api.patch(
                     client.PODS,
                     {"metadata": {"annotations": {grouping.POD_GROUP_ANNOTATION: name}}},
                     name=str(meta.get("name")),
-                    namespace=namespace,
+                    namespace=str(meta.get("namespace") or "default"),
                 )
             except KubeNotFound:
                 return
-        if decision.note and self._on_event is not None:
-            await self._on_event(pod, "Normal", "OwnGroup", decision.note)
 
 
 def _pod_name(pod: Mapping[str, Any]) -> str:

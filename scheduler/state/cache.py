@@ -46,6 +46,21 @@ def _namespace(obj: Mapping[str, Any]) -> str:
 POD_GROUP_ANNOTATION = "pod-group-name"
 
 
+def _pod_view(pod: Mapping[str, Any]) -> tuple[object, ...]:
+    """What of a pod the snapshot reads. The kubelet's status writes (Pending -> Running, container states) leave it
+    unchanged, so they cost no rebuild; the spec's requests cannot change without this changing the annotations or
+    being a new pod. The start time is read when something else changes (min-runtimes fall back to creation)."""
+    meta = pod.get("metadata") or {}
+    phase = (pod.get("status") or {}).get("phase")
+    return (
+        (pod.get("spec") or {}).get("nodeName"),
+        phase if phase in ("Succeeded", "Failed") else None,
+        meta.get("annotations"),
+        meta.get("labels"),
+        meta.get("deletionTimestamp"),
+    )
+
+
 def _placement_view(node: Mapping[str, Any]) -> tuple[object, ...]:
     """What of a node the placement reads: labels, taints, cordon, allocatable, readiness."""
     meta = node.get("metadata") or {}
@@ -82,6 +97,8 @@ class ClusterState:
         self.podgroups: dict[tuple[str, str], Obj] = {}
         self.priority_classes: dict[str, int] = {}
         self.assumed: dict[str, Assumption] = {}
+        self.decided: dict[str, str] = {}
+        """Pod uid -> the PodGroup name the grouper chose, for pods whose annotation is not written yet."""
         self.group_members: dict[tuple[str, str], set[str]] = {}
         """PodGroup (namespace, name) -> uids of our pods that carry its ``pod-group-name`` annotation."""
         self.group_generation: dict[tuple[str, str], int] = {}
@@ -110,6 +127,23 @@ class ClusterState:
         if key is not None:
             self.group_generation[key] = self._tick()
 
+    def group_of(self, pod: Mapping[str, Any]) -> tuple[str, str] | None:
+        """The pod's PodGroup: its annotation, else what the grouper decided and has not written yet."""
+        key = group_key(pod)
+        if key is not None:
+            return key
+        meta = pod.get("metadata") or {}
+        decided = self.decided.get(str(meta.get("uid") or ""))
+        return (str(meta.get("namespace") or "default"), decided) if decided else None
+
+    def note_group(self, uid: str, name: str) -> None:
+        """The grouper made (or found) the pod's PodGroup: the pod joins it now, before its annotation is written."""
+        pod = self.pods.get(uid)
+        if pod is None or group_key(pod) is not None:
+            return
+        self.decided[uid] = name
+        self.put_pod(pod)
+
     def is_ours(self, pod: Mapping[str, Any]) -> bool:
         return (pod.get("spec") or {}).get("schedulerName") in self.scheduler_names
 
@@ -136,6 +170,9 @@ class ClusterState:
         if not uid:
             return
         previous = self.pods.get(uid)
+        if previous is not None and uid not in self.assumed and _pod_view(previous) == _pod_view(pod):
+            self.pods[uid] = pod  # keep the newest object; nothing placement reads has changed
+            return
         previous_node = node_of(previous) if previous is not None else None
         node = node_of(pod)
         keep = self.is_ours(pod) or (node is not None and not objects.is_terminated(pod))
@@ -149,8 +186,8 @@ class ClusterState:
         if not keep:
             self._drop_pod(uid)
             return
-        old_group = group_key(previous) if previous is not None else None
-        new_group = group_key(pod) if self.is_ours(pod) else None
+        old_group = self.group_of(previous) if previous is not None else None
+        new_group = self.group_of(pod) if self.is_ours(pod) else None
         if old_group != new_group and old_group is not None:
             self.group_members.get(old_group, set()).discard(uid)
             self._touch_group(old_group)
@@ -180,7 +217,8 @@ class ClusterState:
             if node:
                 self.pods_by_node.get(node, set()).discard(uid)
                 self._touch_node(node)
-            key = group_key(pod)
+            key = self.group_of(pod)
+            self.decided.pop(uid, None)
             if key is not None and uid in self.group_members.get(key, set()):
                 self.group_members[key].discard(uid)
                 self._touch_group(key)
@@ -192,7 +230,7 @@ class ClusterState:
         self._touch_node(assumption.node)
         pod = self.pods.get(uid)
         if pod is not None:
-            self._touch_group(group_key(pod))
+            self._touch_group(self.group_of(pod))
 
     def forget(self, uid: str) -> None:
         """A bind failed: the pod is pending again and its room is free."""
@@ -202,7 +240,7 @@ class ClusterState:
             self._touch_node(assumed.node)
             pod = self.pods.get(uid)
             if pod is not None:
-                self._touch_group(group_key(pod))
+                self._touch_group(self.group_of(pod))
 
     def pods_on(self, node: str) -> list[Obj]:
         """Pods holding room on ``node``: bound and not terminated, plus assumed ones, in uid order."""

@@ -191,7 +191,15 @@ class MemoryKube:
         self._check("delete")
         return self.objects.pop(self._key(resource, name, namespace), None)
 
-    async def bind_pod(self, *, namespace: str, name: str, node: str, uid: str | None = None) -> client.BindResult:
+    async def bind_pod(
+        self,
+        *,
+        namespace: str,
+        name: str,
+        node: str,
+        uid: str | None = None,
+        annotations: Mapping[str, str] | None = None,
+    ) -> client.BindResult:
         raise KubeError("not used by these tests")
 
     async def evict_pod(
