@@ -266,6 +266,7 @@ async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Cal
             "--scheduler-name",
             "quotient,kai-scheduler",
             "--no-leader-elect",
+            "--no-webhook",
             "--metrics-port",
             "0",
         ],

@@ -80,6 +80,7 @@ class SchedulerProcess:
             "0",
             "--identity",
             identity,
+            "--no-webhook",
             "--cycle-debounce",
             "10ms",
             "--log-level",

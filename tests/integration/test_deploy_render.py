@@ -312,7 +312,14 @@ EXAMPLES = REPO / "deploy" / "examples"
 DOCKERFILE_SCHEDULER = REPO / "docker" / "Dockerfile.scheduler"
 OUR_GROUP = "scheduling.run.ai"
 # Built-in kinds that have no namespace.
-CLUSTER_SCOPED = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "PriorityClass"}
+CLUSTER_SCOPED = {
+    "Namespace",
+    "CustomResourceDefinition",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "PriorityClass",
+    "MutatingWebhookConfiguration",
+}
 
 
 def _render(path: object) -> list[Obj]:
@@ -684,9 +691,17 @@ def test_the_kai_compat_overlay_adds_kai_scheduler_to_the_names_and_changes_noth
 
     assert _flags(_container(_scheduler(rendered_kai), "scheduler"))["--scheduler-name"] == "quotient,kai-scheduler"
     assert kai_args[1:] == base_args[1:]
-    assert [
-        obj for obj in rendered_kai if obj["kind"] != "Deployment" or obj["metadata"]["name"] != "quotient-scheduler"
-    ] == [obj for obj in rendered if obj["kind"] != "Deployment" or obj["metadata"]["name"] != "quotient-scheduler"]
+
+    def changed(obj: Obj) -> bool:
+        return (obj["kind"], obj["metadata"]["name"]) in {
+            ("Deployment", "quotient-scheduler"),
+            ("MutatingWebhookConfiguration", "quotient-gpu-sharing"),
+        }
+
+    assert [obj for obj in rendered_kai if not changed(obj)] == [obj for obj in rendered if not changed(obj)]
+    hook = next(obj for obj in rendered_kai if obj["kind"] == "MutatingWebhookConfiguration")
+    expression = hook["webhooks"][0]["matchConditions"][0]["expression"]
+    assert "'kai-scheduler'" in expression and "'quotient'" in expression
 
 
 def test_the_examples_are_valid_and_name_our_scheduler_and_queues_that_exist(
@@ -734,3 +749,168 @@ def test_the_examples_fractions_are_the_shares_of_the_seeds_workflows() -> None:
         "vllm/vllm-test-02.yaml": "0.2",
         "vllm/vllm-test-07.yaml": "0.7",
     }
+
+
+# --- the admission webhook of GPU sharing, and the cert-manager overlay ---
+
+OVERLAY_CERT_MANAGER = REPO / "deploy" / "overlays" / "cert-manager"
+WEBHOOK_CONFIGURATION = "quotient-gpu-sharing"
+CERT_MANAGER_GROUP = "cert-manager.io"
+
+
+def _webhook_entry(objects: Sequence[Obj]) -> Obj:
+    [entry] = _one(objects, "MutatingWebhookConfiguration", WEBHOOK_CONFIGURATION)["webhooks"]
+    result: Obj = entry
+    return result
+
+
+def _webhook_settings(container: Obj) -> Any:
+    """The webhook settings the container's environment gives ``quotient scheduler`` (downward API values faked)."""
+    from scheduler.kube import webhook
+
+    environ = {
+        entry["name"]: entry.get("value", NAMESPACE if "fieldRef" in entry.get("valueFrom", {}) else "")
+        for entry in container.get("env", [])
+    }
+    values = config.resolve(webhook.SETTINGS, argparse.Namespace(), environ=environ, file_values={})
+    return webhook.settings_from(values)
+
+
+def test_the_webhook_configuration_calls_the_service_onto_the_port_every_scheduler_replica_serves(
+    rendered: list[Obj],
+) -> None:
+    from scheduler.kube import webhook
+
+    deployment = _scheduler(rendered)
+    container = _container(deployment, "scheduler")
+    settings = _webhook_settings(container)
+    entry = _webhook_entry(rendered)
+    service_ref = entry["clientConfig"]["service"]
+    service = _one(rendered, "Service", service_ref["name"])
+    [port] = [p for p in service["spec"]["ports"] if p["port"] == service_ref["port"]]
+
+    assert settings.configuration == WEBHOOK_CONFIGURATION
+    assert (service_ref["name"], service_ref["namespace"]) == (settings.service, settings.namespace)
+    assert service["metadata"]["namespace"] == service_ref["namespace"] == NAMESPACE
+    assert service_ref["path"] == webhook.MUTATE_PATH
+    assert {"name": port["targetPort"], "containerPort": settings.port, "protocol": "TCP"} in container["ports"]
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert _env(container)["QUOTIENT_WEBHOOK_NAMESPACE"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.namespace"}
+    }
+    assert "caBundle" not in entry["clientConfig"], "each replica writes its own CA; apply must not erase them"
+    assert settings.certificates is webhook.CertificateSource.SELF_SIGNED
+
+
+def test_the_webhook_is_sent_only_pod_creations_of_our_scheduler_names_that_ask_for_a_gpu_share(
+    rendered: list[Obj],
+) -> None:
+    from scheduler.kube import gpurequest
+
+    entry = _webhook_entry(rendered)
+    conditions = {condition["name"]: condition["expression"] for condition in entry["matchConditions"]}
+    names = _flags(_container(_scheduler(rendered), "scheduler"))["--scheduler-name"].split(",")
+
+    assert entry["rules"] == [
+        {
+            "operations": ["CREATE"],
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "resources": ["pods"],
+            "scope": "Namespaced",
+        }
+    ]
+    assert entry["admissionReviewVersions"] == ["v1"] and entry["sideEffects"] == "None"
+    # Fail: a share must never start without its GPU wiring; matchConditions keep everyone else out of reach.
+    assert entry["failurePolicy"] == "Fail"
+    assert 1 <= entry["timeoutSeconds"] <= 10
+    assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]} in entry[
+        "namespaceSelector"
+    ]["matchExpressions"]
+    assert "objectSelector" not in entry
+    assert set(conditions) == {"scheduled-by-quotient", "asks-for-a-gpu-share"}
+    assert re.findall(r"'([^']*)'", conditions["scheduled-by-quotient"]) == names
+    assert set(re.findall(r"'([^']*)'", conditions["asks-for-a-gpu-share"])) == {
+        gpurequest.GPU_FRACTION,
+        gpurequest.GPU_MEMORY,
+        gpurequest.NUM_DEVICES,
+        gpurequest.CONTAINER_NAME,
+    }
+
+
+def test_the_scheduler_may_read_and_update_its_own_webhook_configuration_and_no_other(rendered: list[Obj]) -> None:
+    rules = _rules(rendered, "ClusterRole", "quotient-scheduler-webhook")
+    binding = _one(rendered, "ClusterRoleBinding", "quotient-scheduler-webhook")
+
+    assert rules == [
+        {
+            "apiGroups": ["admissionregistration.k8s.io"],
+            "resources": ["mutatingwebhookconfigurations"],
+            "resourceNames": [WEBHOOK_CONFIGURATION],
+            "verbs": ["get", "update"],
+        }
+    ]
+    assert binding["roleRef"]["name"] == "quotient-scheduler-webhook"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "quotient-scheduler", "namespace": NAMESPACE}]
+
+
+@pytest.fixture(scope="module")
+def rendered_cert_manager(rendered: list[Obj]) -> list[Obj]:
+    return _render(OVERLAY_CERT_MANAGER)
+
+
+def test_the_cert_manager_overlay_is_valid_and_changes_only_the_webhooks_certificate(
+    rendered: list[Obj], rendered_cert_manager: list[Obj], crd_validators: Mapping[tuple[str, str], Any]
+) -> None:
+    def key(obj: Obj) -> tuple[str, str]:
+        return (obj["kind"], obj["metadata"]["name"])
+
+    built_in = [obj for obj in rendered_cert_manager if not obj["apiVersion"].startswith(CERT_MANAGER_GROUP + "/")]
+    changed = {("Deployment", "quotient-scheduler"), ("MutatingWebhookConfiguration", WEBHOOK_CONFIGURATION)}
+    removed = {("ClusterRole", "quotient-scheduler-webhook"), ("ClusterRoleBinding", "quotient-scheduler-webhook")}
+
+    _validate_objects(built_in, crd_validators, "cert-manager")
+    assert {key(obj) for obj in rendered} - {key(obj) for obj in built_in} == removed
+    assert [obj for obj in built_in if key(obj) not in changed] == [
+        obj for obj in rendered if key(obj) not in changed | removed
+    ]
+    for obj in rendered_cert_manager:
+        if obj["apiVersion"].startswith(CERT_MANAGER_GROUP + "/"):
+            assert obj["apiVersion"] == "cert-manager.io/v1" and obj["kind"] in ("Issuer", "Certificate")
+            assert obj["metadata"]["namespace"] == NAMESPACE
+
+
+def test_the_cert_manager_overlay_serves_the_certificate_whose_ca_it_injects(rendered_cert_manager: list[Obj]) -> None:
+    from scheduler.kube import certs, webhook
+
+    objects = rendered_cert_manager
+    annotations = _one(objects, "MutatingWebhookConfiguration", WEBHOOK_CONFIGURATION)["metadata"]["annotations"]
+    namespace, _, name = annotations["cert-manager.io/inject-ca-from"].partition("/")
+    serving = _one(objects, "Certificate", name)
+    deployment = _scheduler(objects)
+    container = _container(deployment, "scheduler")
+    settings = _webhook_settings(container)
+    volume = _volume(deployment, "webhook-tls")
+    mount = _mount_of(container, "webhook-tls")
+    service_ref = _webhook_entry(objects)["clientConfig"]["service"]
+
+    assert namespace == serving["metadata"]["namespace"] == NAMESPACE
+    assert settings.certificates is webhook.CertificateSource.PROVIDED
+    assert str(settings.cert_dir) == mount["mountPath"] and mount["readOnly"] is True
+    assert volume["secret"]["secretName"] == serving["spec"]["secretName"]
+    assert volume["secret"]["defaultMode"] & 0o007 == 0
+    # The API server reaches the Service by these names; the certificate must carry them.
+    assert set(serving["spec"]["dnsNames"]) == set(
+        certs.dns_names(service=service_ref["name"], namespace=service_ref["namespace"])[:2]
+    )
+    assert "server auth" in serving["spec"]["usages"]
+    # A CA of our own signs the serving certificate, so its renewals leave the injected caBundle alone.
+    ca_issuer = _one(objects, "Issuer", serving["spec"]["issuerRef"]["name"])
+    ca_certificate = next(
+        c for c in _by_kind(objects, "Certificate") if c["spec"]["secretName"] == ca_issuer["spec"]["ca"]["secretName"]
+    )
+    assert ca_certificate["spec"]["isCA"] is True
+    assert _one(objects, "Issuer", ca_certificate["spec"]["issuerRef"]["name"])["spec"] == {"selfSigned": {}}
+    assert quantities.parse_duration_s(ca_certificate["spec"]["duration"]) > 2 * quantities.parse_duration_s(
+        serving["spec"]["duration"]
+    )
