@@ -231,10 +231,11 @@ async def apply(emulator: Emulator, text: str, *, namespace: str | None = None) 
 
 
 def _workflow_texts() -> tuple[str, list[str]]:
+    """The talk guide's queues and pods: the seeds' own files, else our equivalents in deploy/examples."""
     if SEEDS.is_dir() and all((SEEDS / name).is_file() for name in SEED_FILES):
         return str(SEEDS), [(SEEDS / name).read_text() for name in SEED_FILES]
-    files = sorted(EXAMPLES.rglob("*.yaml"))
-    return str(EXAMPLES), [path.read_text() for path in files if path.name != "kustomization.yaml"]
+    files = [EXAMPLES / "queues.yaml", *sorted((EXAMPLES / "talk").glob("*.yaml"))]
+    return str(EXAMPLES), [path.read_text() for path in files]
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
