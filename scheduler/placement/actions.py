@@ -115,6 +115,11 @@ class Cycle:
         order = self.order
         pointers = dict.fromkeys(self.leaves, 0)
         extras: list[tuple[model.Group, tuple[model.Pod, ...]]] = []
+        # Room made by evictions in earlier cycles goes to the groups it was made for, before anybody else.
+        first = [group for group in engine.nominated_groups() if group.queue in pointers]
+        for group in first:
+            self._allocate_group(group, extras)
+        done = {group.id for group in first}
         leaf = order.next()
         while leaf is not None:
             groups = engine.pending_groups(leaf)
@@ -122,7 +127,7 @@ class Cycle:
             while position < len(groups):
                 group = groups[position]
                 position += 1
-                if self._allocate_group(group, extras):
+                if group.id not in done and self._allocate_group(group, extras):
                     break
             pointers[leaf] = position
             if position >= len(groups):

@@ -72,7 +72,13 @@ def apply(snapshot: model.Snapshot, result: plan.Plan, *, now_ns: int | None = N
             gpu_groups=placement.gpu_groups,
             allotted_milli_gpu=max(placement.share_milli, default=0),
             started_ns=now,
+            nominated_node=None,
         )
+    for nomination in result.nominations:
+        pod = pods.get(nomination.pod, members.get(nomination.pod))
+        if pod is not None and pod.phase is model.PodPhase.PENDING:
+            touched.add(nomination.group)
+            pods[pod.uid] = dataclasses.replace(pod, nominated_node=nomination.node)
     new_nodes = dict(snapshot.nodes)
     for name, node_edit in nodes.items():
         held = sum(1 for device in node_edit.devices if device.allotted_milli_gpu > 0 or device.gpu_group is not None)
@@ -94,6 +100,7 @@ def apply(snapshot: model.Snapshot, result: plan.Plan, *, now_ns: int | None = N
 def _touched_groups(result: plan.Plan) -> list[model.GroupId]:
     found = {placement.group for placement in result.placements}
     found.update(eviction.group for eviction in result.evictions)
+    found.update(nomination.group for nomination in result.nominations)
     return sorted(found)
 
 

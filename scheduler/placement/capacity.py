@@ -10,7 +10,8 @@ Indexes, per node class (nodes that the static filters cannot tell apart, see ``
 - ``whole[W]``: the nodes with exactly W free whole devices, sorted by node order (name order);
 - ``shared``: every shared device with room left, as ``(free milli-GPU, free whole devices of its node, node order,
   device index)`` sorted, so a share finds its best fitting device by bisection;
-- ``members``: every node of the class in node order (for CPU-only pods and the generic search).
+- ``cpu``: every node as ``(free whole devices, free millicores, node order)`` sorted, for CPU-only pods;
+- ``members``: every node of the class in node order (for the scored search).
 
 Per-device accounting (``devices``) keeps the request-based free share and, where telemetry is fresh, the measured
 free memory minus the margin; a share fits only where both allow it.
@@ -141,12 +142,13 @@ class NodeWork:
 class ClassIndex:
     """The capacity indexes of one node class."""
 
-    __slots__ = ("members", "node_class", "shared", "whole")
+    __slots__ = ("cpu", "members", "node_class", "shared", "whole")
 
     def __init__(self, node_class: filters.NodeClass) -> None:
         self.node_class = node_class
         self.whole: dict[int, list[int]] = {}
         self.shared: list[tuple[int, int, int, int]] = []
+        self.cpu: list[tuple[int, int, int]] = []
         self.members: list[int] = []
 
 
@@ -273,6 +275,7 @@ class Capacity:
 
     def _index(self, work: NodeWork) -> None:
         index = self.classes[work.cls]
+        bisect.insort(index.cpu, (work.whole_count, work.free_cpu, work.order))
         if work.whole_count:
             bisect.insort(index.whole.setdefault(work.whole_count, []), work.order)
         for device, group in enumerate(work.dev_group):
@@ -281,6 +284,7 @@ class Capacity:
 
     def _unindex(self, work: NodeWork) -> None:
         index = self.classes[work.cls]
+        del index.cpu[bisect.bisect_left(index.cpu, (work.whole_count, work.free_cpu, work.order))]
         if work.whole_count:
             bucket = index.whole[work.whole_count]
             del bucket[bisect.bisect_left(bucket, work.order)]

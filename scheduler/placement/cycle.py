@@ -45,17 +45,19 @@ class _Contribution:
     stale: bool
     share_sizes: tuple[int, ...]
     label_keys: frozenset[str]
+    nominated: bool
 
 
 def _contribution(group: model.Group, reference_memory: int) -> _Contribution:
     req = [0, 0, 0]
     held = [0, 0, 0]
-    pending = running = False
+    pending = running = nominated = False
     sizes: list[int] = []
     keys: set[str] = set()
     for pod in group.members:
         if pod.phase is model.PodPhase.PENDING:
             pending = True
+            nominated = nominated or pod.nominated_node is not None
             if pod.node_selector or pod.affinity:
                 keys.update(key for key, _ in pod.node_selector)
                 keys.update(requirement.key for term in pod.affinity for requirement in term.expressions)
@@ -84,6 +86,7 @@ def _contribution(group: model.Group, reference_memory: int) -> _Contribution:
         stale=group.below_min_since_ns is not None,
         share_sizes=tuple(sizes),
         label_keys=frozenset(keys),
+        nominated=nominated,
     )
 
 
@@ -108,6 +111,7 @@ class Engine:
         self._pending: dict[model.QueueName, dict[model.GroupId, model.Group]] = {}
         self._running: dict[model.QueueName, dict[model.GroupId, model.Group]] = {}
         self._stale: dict[model.GroupId, model.Group] = {}
+        self._nominated: dict[model.GroupId, model.Group] = {}
         self._sizes: dict[int, int] = {}
         self._sorted_pending: dict[model.QueueName, list[model.Group]] = {}
         self._sorted_running: dict[model.QueueName, list[model.Group]] = {}
@@ -122,6 +126,7 @@ class Engine:
         self._chains: dict[model.QueueName, tuple[model.QueueName, ...]] = {}
         self._shares_key: tuple[object, ...] | None = None
         self._shares: dict[model.QueueName, fairshare.Share] = {}
+        self._offered: plan.Amounts = (0, 0, 0)
         self._shapes: dict[model.PodUid, tuple[model.Pod, search.Shape]] = {}
         self._groups_version = 0
         self._last: tuple[tuple[object, ...], int | None, plan.Plan] | None = None
@@ -229,6 +234,8 @@ class Engine:
             self._dirty_running.add(queue)
         if contribution.stale:
             self._stale[group.id] = group
+        if contribution.nominated:
+            self._nominated[group.id] = group
         for size in contribution.share_sizes:
             self._sizes[size] = self._sizes.get(size, 0) + 1
         if not contribution.label_keys <= self._label_keys:
@@ -237,6 +244,9 @@ class Engine:
     def _forget(self, group: model.Group) -> None:
         contribution = self._contrib.pop(group.id)
         del self._seen[group.id]
+        self.never.pop(group.id, None)
+        for pod in group.members:
+            self._shapes.pop(pod.uid, None)
         queue = group.queue
         _add(self._requested, queue, contribution.requested, -1)
         _add(self._allocated, queue, contribution.allocated, -1)
@@ -249,6 +259,8 @@ class Engine:
             self._dirty_running.add(queue)
         if contribution.stale:
             del self._stale[group.id]
+        if contribution.nominated:
+            del self._nominated[group.id]
         for size in contribution.share_sizes:
             self._sizes[size] -= 1
 
@@ -291,8 +303,6 @@ class Engine:
             )
         return self._shares
 
-    _offered: plan.Amounts = (0, 0, 0)
-
     # --- cached views used by the cycle's actions -----------------------------------------------------------------
 
     @property
@@ -312,6 +322,10 @@ class Engine:
     def pending_queues(self) -> list[model.QueueName]:
         """Queues (existing or not) that have pending groups, sorted."""
         return sorted(queue for queue, groups in self._pending.items() if groups)
+
+    def nominated_groups(self) -> list[model.Group]:
+        """Pending groups with a pod nominated to room made for it earlier, by priority then age."""
+        return sorted(self._nominated.values(), key=ordering.group_key)
 
     def stale_groups(self) -> list[model.Group]:
         """Running groups marked below their minimum, by id."""

@@ -151,9 +151,5 @@ def gpu_model_hint(shape: search.Shape) -> str:
     return f" (GPU model {', '.join(models)})" if models else ""
 
 
-def with_models(text: str, shape: search.Shape) -> str:
-    return text + gpu_model_hint(shape)
-
-
 def describe_pod(pod: model.Pod) -> str:
     return f"pod {pod.namespace}/{pod.name}"

@@ -4,8 +4,15 @@ All three room-making actions share one shape: a pending group's minimum did not
 taken in victim order (``victims``) and evicted one after another until the minimum fits; the units that turned
 out unnecessary are then dropped again (each is tried without, in order), so what stays evicted is a small set.
 Everything happens on the ``Draft`` under one checkpoint, so a failed attempt leaves no trace. A successful one
-keeps the evictions and *reserves* the room for the group (``plan.Kind.RESERVE``): the group is bound in a later
-cycle, once its victims are gone, and no other group takes that room meanwhile.
+keeps the evictions and *reserves* the room for the group (``plan.Kind.RESERVE``): no other group takes it for the
+rest of the cycle, the plan *nominates* the group's pods to it (``Plan.nominations``, Kubernetes'
+``nominatedNodeName``), and the next cycles place nominated groups before any other, so a moved or reclaimed pod
+coming back cannot take the room again (without this, two groups can trade the same room back and forth forever).
+
+The search is bounded: victim units are sorted once per cycle, a unit is only evicted when it would let a pod of the
+minimum fit on its node, at most ``_MAX_SCANNED`` candidates are looked at per group, and an attempt that failed is
+not repeated for a group of the same shapes (and, for reclaim and preemption, the same queue and priority) until
+some eviction changed the picture.
 
 - **reclaim**: the group's queue stays within its fair share with the minimum added; victims are preemptible units
   of other queues whose side of the tree (the child of the lowest common ancestor) holds more than its fair share;
@@ -18,15 +25,31 @@ cycle, once its victims are gone, and no other group takes that room meanwhile.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from scheduler.placement import decisions, fairshare, gangs, model, ordering, plan, search, status, victims
+from scheduler.placement import (
+    capacity,
+    decisions,
+    devices,
+    fairshare,
+    gangs,
+    model,
+    ordering,
+    plan,
+    search,
+    status,
+    victims,
+)
 
 _MAX_UNITS = 64
 """At most this many victim units are evicted for one group: a bound on the work of one attempt."""
 _MAX_MOVES = 8
 """Consolidation moves at most this many units for one group (KAI bounds its consolidation the same way)."""
+_MAX_SCANNED = 1_000
+"""At most this many candidate units are looked at for one group: on a large cluster the useful victims of a group
+are among the first in victim order or nowhere, and a bound keeps a full cluster's cycle from growing with it."""
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
@@ -43,6 +66,29 @@ class Scene:
     """Groups with running members, per leaf queue, in id order."""
     clock_matters: bool = False
     """Set when a decision depended on the time: a victim too young, a stale gang within its grace."""
+    _sorted: dict[object, list[victims.Unit]] = dataclasses.field(default_factory=dict)
+    _failures: dict[tuple[object, ...], int] = dataclasses.field(default_factory=dict)
+
+    def candidates(self, key: object, groups: Callable[[], list[model.Group]]) -> list[victims.Unit]:
+        """The victim units of ``groups`` (preemptible ones only) in victim order, computed once per cycle.
+
+        Units are cut before any eviction of this cycle; ``make_room`` skips pods evicted since.
+        """
+        found = self._sorted.get(key)
+        if found is None:
+            found = sorted(
+                (unit for group in groups() if group.preemptible for unit in victims.units(group, ())),
+                key=lambda unit: unit.order_key,
+            )
+            self._sorted[key] = found
+        return found
+
+    def failed_before(self, key: tuple[object, ...]) -> bool:
+        """Did an attempt with this key fail with no eviction made since (so it would fail again)?"""
+        return self._failures.get(key) == len(self.draft.evictions)
+
+    def note_failure(self, key: tuple[object, ...]) -> None:
+        self._failures[key] = len(self.draft.evictions)
 
     def old_enough(self, unit: victims.Unit, min_runtime_ns: int) -> bool:
         """The min-runtime check, noting that the answer depends on the time."""
@@ -55,22 +101,56 @@ class Scene:
 
 
 def _useful(scene: Scene, minimum: Sequence[model.Pod]) -> Callable[[victims.Unit], bool]:
-    """A unit is worth evicting when it frees what the minimum needs on a node the minimum may use."""
+    """A unit is worth evicting when, on one of its nodes that the minimum may use, the room it leaves behind
+    (with what is free there already) would hold at least one pod of the minimum."""
     searcher = scene.searcher
     cap = searcher.capacity
-    classes = {cls for pod in minimum for cls in searcher.eligible(scene.shapes[pod.uid].constraints)}
-    wants_gpu = any(scene.shapes[pod.uid].wants_gpu for pod in minimum)
+    shapes = list(dict.fromkeys(scene.shapes[pod.uid] for pod in minimum))
+    eligible = [frozenset(searcher.eligible(shape.constraints)) for shape in shapes]
+    wants_gpu = any(shape.wants_gpu for shape in shapes)
 
     def check(unit: victims.Unit) -> bool:
         if wants_gpu and unit.amounts[0] == 0:
             return False
+        freed: dict[model.NodeName, list[model.Pod]] = {}
         for pod in unit.pods:
-            work = cap.by_name.get(pod.node) if pod.node is not None else None
-            if work is not None and work.cls in classes:
-                return True
+            if pod.node is not None and pod.uid not in scene.draft.evicted:
+                freed.setdefault(pod.node, []).append(pod)
+        for name, pods in freed.items():
+            work = cap.by_name.get(name)
+            if work is None:
+                continue
+            for shape, classes in zip(shapes, eligible, strict=True):
+                if work.cls in classes and _would_fit(work, pods, shape):
+                    return True
         return False
 
     return check
+
+
+def _would_fit(work: capacity.NodeWork, leaving: Sequence[model.Pod], shape: search.Shape) -> bool:
+    """Would a pod of ``shape`` fit on the node once ``leaving`` are gone (by requests; a quick upper bound)?"""
+    cpu = work.free_cpu + sum(pod.requests.milli_cpu for pod in leaving)
+    memory = work.free_mem + sum(pod.requests.memory_bytes for pod in leaving)
+    slots = work.free_pods + len(leaving)
+    if cpu < shape.milli_cpu or memory < shape.memory_bytes or slots < shape.pods:
+        return False
+    room = list(work.dev_free)
+    whole = list(work.dev_whole)
+    for pod in leaving:
+        for device in pod.devices:
+            if device >= len(room):
+                continue
+            if pod.share is None:
+                room[device], whole[device] = devices.FULL, True
+            else:
+                room[device] = min(devices.FULL, room[device] + pod.allotted_milli_gpu)
+    if shape.whole_gpus:
+        return sum(whole) >= shape.whole_gpus
+    if shape.share is not None:
+        per_device = devices.share_on_each(shape.share, work)
+        return sum(1 for device, free in enumerate(room) if free >= per_device[device]) >= shape.share.devices
+    return True
 
 
 def _evict_unit(scene: Scene, unit: victims.Unit, *, reason: decisions.EvictionReason, beneficiary: model.Group) -> int:
@@ -90,7 +170,7 @@ def make_room(
     *,
     group: model.Group,
     minimum: Sequence[model.Pod],
-    candidates: Sequence[victims.Unit],
+    candidates: Iterable[victims.Unit],
     reason: decisions.EvictionReason,
     eligible: Callable[[victims.Unit], bool],
     budget: int | None = None,
@@ -104,8 +184,12 @@ def make_room(
     draft = scene.draft
     start = draft.checkpoint()
     useful = _useful(scene, minimum)
-    ordered = sorted((unit for unit in candidates if useful(unit)), key=lambda unit: unit.order_key)
     limit = _MAX_MOVES if moves else _MAX_UNITS
+    shapes = frozenset(collections.Counter(scene.shapes[pod.uid] for pod in minimum).items())
+    # Consolidation does not depend on the group's queue; reclaim and preemption do (standing, priority).
+    memo = (reason, shapes) if moves else (reason, group.queue, group.priority, shapes)
+    if scene.failed_before(memo):
+        return False
 
     def attempt(chosen: Sequence[victims.Unit]) -> bool:
         draft.rollback(start)
@@ -120,14 +204,14 @@ def make_room(
     chosen: list[victims.Unit] = []
     freed = 0
     fitted = False
-    for unit in ordered:
-        if len(chosen) >= limit:
+    for scanned, unit in enumerate(candidates):
+        if len(chosen) >= limit or scanned >= _MAX_SCANNED:
             break
-        if any(pod.uid in draft.evicted for pod in unit.pods) and all(pod.uid in draft.evicted for pod in unit.pods):
+        if unit.group.id == group.id or all(pod.uid in draft.evicted for pod in unit.pods):
             continue
         if budget is not None and freed + unit.amounts[0] > budget:
             continue
-        if not eligible(unit):
+        if not eligible(unit) or not useful(unit):
             continue
         freed += _evict_unit(scene, unit, reason=reason, beneficiary=group)
         chosen.append(unit)
@@ -140,6 +224,7 @@ def make_room(
         draft.rollback(probe)
     if not fitted:
         draft.rollback(start)
+        scene.note_failure(memo)
         return False
     # Drop the units that were not needed after all, in the order they were chosen.
     needed = list(chosen)
@@ -176,6 +261,11 @@ def _replace_moved(scene: Scene, chosen: Sequence[victims.Unit]) -> bool:
 # --- the three actions ---------------------------------------------------------------------------------------
 
 
+def _everyone(scene: Scene) -> list[victims.Unit]:
+    """Every preemptible running unit of every queue, in victim order."""
+    return scene.candidates("all", lambda: [group for leaf in sorted(scene.running) for group in scene.running[leaf]])
+
+
 def reclaim(scene: Scene, group: model.Group, minimum: Sequence[model.Pod], amounts: plan.Amounts) -> bool:
     """Take back room from queues over their fair share for a group whose queue stays within its own.
 
@@ -202,13 +292,18 @@ def reclaim(scene: Scene, group: model.Group, minimum: Sequence[model.Pod], amou
 
     if not within_fair_share(mine[:1]):
         return False
-    candidates: list[victims.Unit] = []
-    for leaf in sorted(scene.running):
-        if leaf in mine:
-            continue
-        for other in scene.running[leaf]:
-            if other.preemptible:
-                candidates.extend(victims.units(other, scene.draft.evicted))
+
+    def over_share(leaf: model.QueueName) -> bool:
+        theirs = tree.ancestors(leaf)
+        meet = next((index for index, name in enumerate(theirs) if name in mine), len(theirs))
+        side = theirs[meet - 1]
+        return usage.allocated[side][resource] > order.fair(side)[resource]
+
+    # Only queues whose side holds more than its fair share can give anything back: look at no other.
+    givers = {leaf for leaf in scene.running if leaf not in mine and over_share(leaf)}
+    if not givers:
+        return False
+    candidates = (unit for unit in _everyone(scene) if unit.group.queue in givers)
 
     def eligible(unit: victims.Unit) -> bool:
         queue = queues.get(unit.group.queue)
@@ -239,12 +334,8 @@ def preempt(scene: Scene, group: model.Group, minimum: Sequence[model.Pod]) -> b
     queue = scene.snapshot.queues.get(group.queue)
     if queue is None:
         return False
-    candidates = [
-        unit
-        for other in scene.running.get(group.queue, ())
-        if other.preemptible and other.priority < group.priority and other.id != group.id
-        for unit in victims.units(other, scene.draft.evicted)
-    ]
+    same_queue = scene.candidates(("queue", group.queue), lambda: list(scene.running.get(group.queue, ())))
+    candidates = (unit for unit in same_queue if unit.group.priority < group.priority)
     return make_room(
         scene,
         group=group,
@@ -257,13 +348,7 @@ def preempt(scene: Scene, group: model.Group, minimum: Sequence[model.Pod]) -> b
 
 def consolidate(scene: Scene, group: model.Group, minimum: Sequence[model.Pod]) -> bool:
     """Move preemptible pods elsewhere so the group fits; only if every moved pod finds a new place."""
-    candidates = [
-        unit
-        for leaf in sorted(scene.running)
-        for other in scene.running[leaf]
-        if other.preemptible and other.id != group.id
-        for unit in victims.units(other, scene.draft.evicted)
-    ]
+    candidates = _everyone(scene)
     queues = scene.snapshot.queues
 
     def eligible(unit: victims.Unit) -> bool:

@@ -13,12 +13,15 @@ node's measure is an exact integer (``weighted``) and the division by the total 
 reads it. Node states repeat a great deal during a replay (most nodes are empty, full, or in one of a few common
 states), so the measure is memoised per (GPU model, free CPU, free memory, free devices).
 
-``QuotientScorer`` is our own placement score; its docstring says what it adds to FGD and why.
+``FgdScorer`` is FGD as its published plugin scores; ``QuotientScorer`` is our own placement score, FGD plus a
+look-ahead on CPU and memory (``Appetite``), which its docstring explains. Both rate one (node, devices) choice for
+one pod, the form of the engine's scoring seam (``scoring.GpuPlacementScorer``) and of the trace simulator's.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -89,14 +92,11 @@ class TypicalPod:
     weight: int
 
 
-class Weighting:
+class Weighting(enum.StrEnum):
     """How a shape's popularity is counted when the typical pods are chosen."""
 
-    PODS = "pods"
-    """One per pod, as FGD does."""
-    GPU_DEMAND = "gpu-demand"
-    """Each pod counts its requested milli-GPU (CPU-only pods count nothing): shapes matter as much as the
-    capacity they will take."""
+    PODS = "pods"  # one per pod, as FGD does
+    GPU_DEMAND = "gpu-demand"  # the milli-GPU each pod asks for (CPU-only pods count nothing)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,7 +114,7 @@ class WorkloadProfile:
         shapes: Iterable[PodShape],
         *,
         coverage_percent: int = TYPICAL_COVERAGE_PERCENT,
-        weighting: str = Weighting.PODS,
+        weighting: Weighting = Weighting.PODS,
     ) -> WorkloadProfile:
         """The most popular shapes that together reach ``coverage_percent`` of the total popularity.
 
@@ -123,13 +123,10 @@ class WorkloadProfile:
         """
         counts: Counter[PodShape] = Counter()
         for shape in shapes:
-            if weighting == Weighting.PODS:
+            if weighting is Weighting.PODS:
                 counts[shape] += 1
-            elif weighting == Weighting.GPU_DEMAND:
-                if shape.total_milli_gpu:
-                    counts[shape] += shape.total_milli_gpu
-            else:
-                raise ValueError(f"unknown weighting {weighting!r}: use {Weighting.PODS!r} or {Weighting.GPU_DEMAND!r}")
+            elif shape.total_milli_gpu:
+                counts[shape] += shape.total_milli_gpu
         total = sum(counts.values())
         ranked = sorted(counts.items(), key=lambda item: (-item[1], _shape_order(item[0])))
         chosen: list[TypicalPod] = []
@@ -210,6 +207,7 @@ class FragmentationMeter:
         return self.weighted(node) / self.total_weight
 
     def _compute(self, model: str, cpu: int, memory: int, devices: tuple[int, ...]) -> int:
+        # The rule of ``stranded_milli_gpu``, over plain tuples: this runs once per new node state of a replay.
         total = sum(devices)
         if total == 0:
             return 0
@@ -289,17 +287,72 @@ class FgdScorer:
         return fgd_score(growth, self.meter.total_weight)
 
 
-class QuotientScorer:
-    """Our placement score (provisional while being tuned): FGD's growth, memory-aware, on a wider sigmoid."""
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Appetite:
+    """What the workload's GPU pods ask for besides GPUs, per whole GPU they ask for: CPU and memory.
 
-    def __init__(self, meter: FragmentationMeter, *, scale_milli: int = 2 * MILLI_GPU_PER_DEVICE) -> None:
+    A node whose CPU or memory runs out before its GPUs strands them; at the workload's appetite, a node can feed
+    ``min(free GPU, free CPU / CPU per GPU, free memory / memory per GPU)`` of its free GPU.
+    """
+
+    milli_cpu_per_gpu: int
+    memory_bytes_per_gpu: int
+
+    @staticmethod
+    def of(shapes: Iterable[PodShape]) -> Appetite:
+        """The GPU-demand-weighted appetite of the GPU pods among ``shapes`` (zero when none asks for a GPU)."""
+        cpu = memory = gpu = 0
+        for shape in shapes:
+            if shape.total_milli_gpu:
+                cpu += shape.milli_cpu
+                memory += shape.memory_bytes
+                gpu += shape.total_milli_gpu
+        if gpu == 0:
+            return Appetite(milli_cpu_per_gpu=0, memory_bytes_per_gpu=0)
+        return Appetite(
+            milli_cpu_per_gpu=cpu * MILLI_GPU_PER_DEVICE // gpu,
+            memory_bytes_per_gpu=memory * MILLI_GPU_PER_DEVICE // gpu,
+        )
+
+    def starved_milli_gpu(self, node: NodeFree) -> int:
+        """The free milli-GPU of ``node`` that its free CPU or memory cannot feed at this appetite."""
+        free = sum(node.devices)
+        fed = free
+        if self.milli_cpu_per_gpu:
+            fed = min(fed, max(0, node.milli_cpu) * MILLI_GPU_PER_DEVICE // self.milli_cpu_per_gpu)
+        if self.memory_bytes_per_gpu:
+            fed = min(fed, max(0, node.memory_bytes) * MILLI_GPU_PER_DEVICE // self.memory_bytes_per_gpu)
+        return free - fed
+
+
+class QuotientScorer:
+    """Our placement score: FGD's fragmentation growth plus the growth of the GPU a node will starve.
+
+    FGD looks at the node as the next pod of each typical shape would find it: it sees a device remainder too small
+    for a share, or a node with too little CPU left for one more pod. It does not see a node being drained of CPU or
+    memory faster than of GPUs: on the trace's 8-GPU nodes (12 cores and 48 GiB per GPU, against 10.9 cores and
+    40 GiB per GPU that GPU pods ask for on average), two CPU-hungry pods leave the node unable to feed its last
+    GPUs long before any single typical pod is refused, and by then it is too late. So the growth of
+    ``Appetite.starved_milli_gpu`` (the fluid look-ahead: fill the node with the average GPU pod until CPU, memory
+    or GPUs run out) is added to FGD's growth, milli-GPU for milli-GPU, and the sum scored on FGD's integer scale,
+    whose coarse steps make near-equal choices tie and go to the first node in node order (which concentrates work
+    and keeps whole nodes free, as FGD's own published results depend on).
+    """
+
+    def __init__(self, meter: FragmentationMeter, appetite: Appetite) -> None:
         self.meter = meter
-        self.scale_milli = scale_milli
+        self.appetite = appetite
 
     @staticmethod
     def for_workload(shapes: Iterable[PodShape]) -> QuotientScorer:
-        return QuotientScorer(FragmentationMeter(WorkloadProfile.from_shapes(shapes), memory_aware=True))
+        known = tuple(shapes)
+        return QuotientScorer(
+            FragmentationMeter(WorkloadProfile.from_shapes(known), memory_aware=True), Appetite.of(known)
+        )
 
     def __call__(self, node: NodeFree, pod: PodShape, devices: tuple[int, ...]) -> int:
-        growth = self.meter.weighted(after(node, pod, devices)) - self.meter.weighted(node)
-        return fgd_score(growth, self.meter.total_weight, scale_milli=self.scale_milli)
+        moved = after(node, pod, devices)
+        weight = self.meter.total_weight
+        growth = self.meter.weighted(moved) - self.meter.weighted(node)
+        growth += weight * (self.appetite.starved_milli_gpu(moved) - self.appetite.starved_milli_gpu(node))
+        return fgd_score(growth, weight)

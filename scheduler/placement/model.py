@@ -225,6 +225,9 @@ class Pod:
     gpu_groups: tuple[GpuGroupId, ...] = ()
     allotted_milli_gpu: int = 0
     started_ns: int | None = None
+    nominated_node: NodeName | None = None
+    """Where an earlier cycle made room for this pending pod by evicting others (Kubernetes'
+    ``status.nominatedNodeName``): such groups are placed before any other, so nobody else takes that room."""
 
     @property
     def whole_gpus(self) -> int:

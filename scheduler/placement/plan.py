@@ -31,6 +31,9 @@ class Plan:
     evictions: tuple[decisions.Eviction, ...]
     statuses: Mapping[model.GroupId, status.Status]
     queues: Mapping[model.QueueName, fairshare.Share] = dataclasses.field(default_factory=dict)
+    nominations: tuple[decisions.Placement, ...] = ()
+    """Where the room made by this plan's evictions is meant to go: the binder records each as the pod's
+    nominated node, and the next cycles place those groups first."""
 
     def placed(self, pod: model.PodUid) -> decisions.Placement | None:
         return next((placement for placement in self.placements if placement.pod == pod), None)
@@ -225,7 +228,11 @@ class Draft:
     ) -> Plan:
         """The plan as a value; undoes every change on the working state."""
         plan = Plan(
-            placements=tuple(self.bound()), evictions=tuple(self.evictions), statuses=dict(statuses), queues=queues
+            placements=tuple(self.bound()),
+            evictions=tuple(self.evictions),
+            statuses=dict(statuses),
+            queues=queues,
+            nominations=tuple(self.bound(Kind.RESERVE)),
         )
         self.capacity.rollback(self._start)
         undo = self._usage_undo

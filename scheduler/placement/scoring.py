@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 MILLI_GPU_PER_DEVICE = 1000
-# Every part of a built-in score lies in [0, _PART): milli-GPU per device is at most 1000, and a node has at most a
-# few hundred devices and their sum in milli-GPU stays below 2**20 for any node that exists (8 x 1000 in practice).
+# Every part of a built-in score lies in [0, _PART): milli-GPU per device is at most 1000, a node's free devices are
+# a few, and CPU left is capped there (2**21 millicores, 2,097 cores: more than any node has).
 _PART = 1 << 21
 
 
@@ -109,19 +109,6 @@ def lexicographic(*parts: int) -> int:
     return score
 
 
-def waste(free_milli: int, demanded: Sequence[int]) -> int:
-    """What of a free fragment no demanded size can use: ``free`` minus the largest demanded size that fits in it.
-
-    ``demanded`` is sorted ascending. Zero when the fragment is empty or exactly a demanded size.
-    """
-    best = 0
-    for size in demanded:
-        if size > free_milli:
-            break
-        best = size
-    return free_milli - best
-
-
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class BuiltinScorer:
     """The built-in ``binpack``/``spread`` scorer, node and device policies chosen separately.
@@ -163,12 +150,12 @@ class BuiltinScorer:
         return _PART - 1 - whole_left if self.node is Strategy.BINPACK else whole_left
 
     def _cpu_parts(self, state: NodeState, request: GpuRequest) -> tuple[int, int]:
-        # A CPU-only pod: packing keeps it off nodes with free GPUs, then packs by cores left; spread the opposite.
-        cores_left = min(max(0, state.free_milli_cpu - request.milli_cpu) // 1000, _PART - 1)
+        # A CPU-only pod: packing keeps it off nodes with free GPUs, then packs by CPU left; spread the opposite.
+        cpu_left = min(max(0, state.free_milli_cpu - request.milli_cpu), _PART - 1)
         gpus_free = min(state.whole_free_count, _PART - 1)
         if self.node is Strategy.BINPACK:
-            return _PART - 1 - gpus_free, _PART - 1 - cores_left
-        return gpus_free, cores_left
+            return _PART - 1 - gpus_free, _PART - 1 - cpu_left
+        return gpus_free, cpu_left
 
 
 def builtin(*, node: Strategy, device: Strategy, demanded: Sequence[int] = ()) -> BuiltinScorer:

@@ -73,9 +73,12 @@ class Searcher:
         )
         self.cpu_scorer: scoring.GpuPlacementScorer = self.scorer
         self.indexed_whole = True
+        self.indexed_cpu = True
         self.indexed_share = True
         self.spread_whole = False
         self.demanded: tuple[int, ...] = ()
+        self._config_key: tuple[object, ...] = ()
+        self._class_epoch = -1
 
     def configure(self, config: model.Config, demanded: tuple[int, ...]) -> None:
         """Set the scorers for this cycle (the demanded share sizes come from the pending pods)."""
@@ -91,14 +94,13 @@ class Searcher:
         )
         self.cpu_scorer = scoring.builtin(node=config.cpu_strategy, device=config.device_strategy, demanded=demanded)
         self.indexed_whole = builtin
+        self.indexed_cpu = builtin and config.cpu_strategy is scoring.Strategy.BINPACK
         self.spread_whole = config.gpu_strategy is scoring.Strategy.SPREAD
         self.indexed_share = (
             builtin
             and config.gpu_strategy is scoring.Strategy.BINPACK
             and config.device_strategy is scoring.Strategy.BINPACK
         )
-
-    _config_key: tuple[object, ...] = ()
 
     # --- static filters -------------------------------------------------------------------------------------
 
@@ -123,11 +125,15 @@ class Searcher:
             self._ever.clear()
             self._offered.clear()
             self._class_epoch = self.capacity.structure_version
+        if len(self._eligible) > _MEMO_LIMIT // 10:
+            # Constraints that many are unique per pod (hostname affinity): keep the caches bounded.
+            self._eligible.clear()
+            self._verdicts.clear()
+            self._ever.clear()
+            self._offered.clear()
         found = tuple(cls for cls in range(len(classes)) if self.verdict(cls, constraints) is None)
         self._eligible[constraints] = (len(classes), found)
         return found
-
-    _class_epoch = -1
 
     def could_ever_hold(self, shape: Shape) -> bool:
         """Could some empty node the pod may use hold it (enough CPU, memory, slots and healthy devices)?"""
@@ -165,7 +171,34 @@ class Searcher:
             return self._find_whole(shape, eligible)
         if share is not None and share.milli_gpu and share.devices == 1 and self.indexed_share:
             return self._find_share(shape, share.milli_gpu, eligible)
+        if share is None and not shape.whole_gpus and self.indexed_cpu:
+            return self._find_cpu(shape, eligible)
         return self._find_scored(shape, eligible)
+
+    def _find_cpu(self, shape: Shape, eligible: tuple[int, ...]) -> Choice | None:
+        """Binpack for a CPU-only pod: the node with the fewest free devices, then the least CPU left after it."""
+        classes = self.capacity.classes
+        by_order = self.capacity.by_order
+        best: tuple[int, int, int] | None = None
+        for cls in eligible:
+            entries = classes[cls].cpu
+            position = 0
+            while position < len(entries):
+                whole, free_cpu, order = entries[position]
+                if free_cpu < shape.milli_cpu:
+                    # skip to this free-device count's first node with enough CPU
+                    position = bisect.bisect_left(entries, (whole, shape.milli_cpu, -1), position + 1)
+                    continue
+                if best is not None and (whole, free_cpu, order) >= best:
+                    break
+                if by_order[order].fits_basics(shape.milli_cpu, shape.memory_bytes, shape.pods):
+                    best = (whole, free_cpu, order)
+                    # a later entry of the same class is worse; move on to the next class
+                    break
+                position += 1
+        if best is None:
+            return None
+        return Choice(work=by_order[best[2]], devices=())
 
     def _find_whole(self, shape: Shape, eligible: tuple[int, ...]) -> Choice | None:
         classes = self.capacity.classes

@@ -16,13 +16,13 @@ Keys (all optional unless said):
 - ``groups``: ``id``, ``queue``, ``min``, ``priority`` (50), ``preemptible`` (priority below 100), ``created``
   (s), ``below_min_since`` (s), ``subgroups`` [{name, min}], ``pods`` [{name, count, gpu | fraction |
   gpu_memory, devices, cpu, memory, node_selector, affinity [[{key, operator, values}]], tolerations, gpu_models,
-  phase, node, held (device indexes), started (s), subgroup, created (s)}].
+  phase, node, held (device indexes), started (s), subgroup, created (s), nominated (node)}].
 - ``config``: ``gpu_strategy``, ``cpu_strategy``, ``device_strategy``, ``margin``, ``reclaim_multiple``,
   ``stale_grace``, ``actions``. ``now``: seconds.
 - ``expect``: ``placed`` {pod: node | node/dev+dev}, ``only`` (nothing else placed), ``not_placed`` [pods],
   ``placed_count``, ``evicted`` {pod: reason}, ``evicted_count``, ``status`` {group: reason},
   ``message`` {group: [substrings]}, ``same_device`` [[pods]], ``no_status`` [groups], ``fair_gpu``
-  {queue: GPUs}, ``share`` {pod: milli per device}.
+  {queue: GPUs}, ``share`` {pod: milli per device}, ``nominated`` {pod: node}.
 """
 
 from __future__ import annotations
@@ -151,6 +151,7 @@ def _pods(spec: Mapping[str, Any], group_created: int) -> Iterator[model.Pod]:
             gpu_groups=groups,
             allotted_milli_gpu=allotted,
             started_ns=_seconds(spec["started"]) if "started" in spec else None,
+            nominated_node=model.NodeName(spec["nominated"]) if "nominated" in spec else None,
         )
 
 
@@ -320,6 +321,9 @@ def check(result: plan.Plan, expect: Mapping[str, Any]) -> None:
     for queue, gpus in expect.get("fair_gpu", {}).items():
         fair = result.queues[model.QueueName(queue)].fair.milli_gpu
         assert fair == quantities.parse_milli_gpu(str(gpus)), f"{queue} fair share {fair} milli-GPU"
+    nominated = {nomination.pod: nomination.node for nomination in result.nominations}
+    for pod, node in expect.get("nominated", {}).items():
+        assert nominated.get(pod) == node, f"{pod} nominated to {nominated.get(pod)}"
     for pod, milli in expect.get("share", {}).items():
         assert placed[pod].share_milli == tuple(milli if isinstance(milli, list) else [milli])
 

@@ -161,7 +161,8 @@ def _assert_queues_within_limits(snapshot: model.Snapshot) -> None:
                 continue
             gpu = pod.allotted_milli_gpu * len(pod.devices) if pod.share else pod.requests.milli_gpu
             amounts = (gpu, pod.requests.milli_cpu, pod.requests.memory_bytes)
-            for name in tree.ancestors(group.queue):
+            for queue_name in tree.ancestors(group.queue):
+                name = str(queue_name)
                 totals = held.setdefault(name, [0, 0, 0])
                 for i in range(3):
                     totals[i] += amounts[i]

@@ -124,7 +124,7 @@ def _trees(draw: st.DrawFn) -> tuple[list[model.Queue], dict[str, int], int]:
                 created=draw(st.integers(0, 3)),
             )
         )
-    requested = {queue.name: draw(st.integers(0, 12000)) for queue in queues}
+    requested = {str(queue.name): draw(st.integers(0, 12000)) for queue in queues}
     return queues, requested, draw(st.integers(0, 20000))
 
 
