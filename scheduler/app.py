@@ -39,6 +39,9 @@ from scheduler.state import cache, snapshot
 
 log = logs.get("scheduler")
 
+QUEUE_STATUS_PERIOD_S = 2.0
+"""Queue status sums every running pod of the subtree: written at most this often, not after every cycle."""
+
 
 def _names(raw: object) -> tuple[str, ...]:
     names = tuple(part.strip() for part in str(raw).split(",") if part.strip())
@@ -192,6 +195,7 @@ class Scheduler:
         self.writer = statuswriter.StatusWriter(api, on_event=self._event)
         self._dirty = asyncio.Event()
         self._status_due = asyncio.Event()
+        self._queues_written_at = 0.0
         self._evicting: set[str] = set()
         self._bind_started: dict[str, float] = {}
         self._synced: set[str] = set()
@@ -296,6 +300,14 @@ class Scheduler:
             if cache.group_key(pod) is None and uid in self.state.decided:
                 extra[cache.POD_GROUP_ANNOTATION] = self.state.decided[uid]
             self.binder.submit_bind(ref, placement, groups, extra)
+        for nomination in result.nominations:
+            uid = str(nomination.pod)
+            pod = self.state.pods.get(uid)
+            if pod is None or (pod.get("status") or {}).get("nominatedNodeName") == str(nomination.node):
+                continue
+            meta = pod.get("metadata") or {}
+            ref = binding.PodRef(namespace=str(meta.get("namespace") or "default"), name=str(meta.get("name")), uid=uid)
+            self.binder.submit_nomination(ref, str(nomination.node))
         for eviction in result.evictions:
             uid = str(eviction.pod)
             pod = self.state.pods.get(uid)
@@ -354,6 +366,12 @@ class Scheduler:
         issues = {issue.queue: issue for issue in built.queue_issues}
         await self.writer.groups(outcome.statuses, built.podgroups, pending_pods, issues, group_queues)
         await self.writer.pod_issues(built.pod_issues, state.pods)
+        now = time.monotonic()
+        if now - self._queues_written_at < QUEUE_STATUS_PERIOD_S:
+            self._status_due.set()  # come back for the queues once the period is over
+            await asyncio.sleep(QUEUE_STATUS_PERIOD_S - (now - self._queues_written_at))
+            return
+        self._queues_written_at = now
         queue_status = statuswriter.queue_statuses(
             built.snapshot, outcome.queues, built.queue_issues, sorted(state.queues)
         )

@@ -133,6 +133,24 @@ class Binder:
     def submit_evict(self, pod: PodRef, eviction: decisions.Eviction) -> None:
         self._spawn(self._evict(pod, eviction))
 
+    def submit_nomination(self, pod: PodRef, node: str | None) -> None:
+        """Record where the room an eviction makes is meant to go (``status.nominatedNodeName``, as kube-scheduler
+        does), so the next cycles, of this leader or the next, place that group there first."""
+        self._spawn(self._nominate(pod, node))
+
+    async def _nominate(self, pod: PodRef, node: str | None) -> None:
+        try:
+            async with self._slots:
+                await self._api.patch(
+                    client.PODS,
+                    {"status": {"nominatedNodeName": node}},
+                    name=pod.name,
+                    namespace=pod.namespace,
+                    subresource="status",
+                )
+        except KubeError as exc:
+            log.warning("nomination_failed", pod=f"{pod.namespace}/{pod.name}", error=str(exc))
+
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)

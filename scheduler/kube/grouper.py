@@ -31,7 +31,7 @@ StillUnannotated = Callable[[str], bool]
 # Most pods are bound within a cycle or two, and the binder writes ``pod-group-name`` onto the pod with the bind
 # itself (as a Binding annotation). Only a pod still waiting after this long gets the annotation by a patch of its own,
 # which saves one API write per pod in the common case.
-ANNOTATE_PENDING_AFTER_S = 1.0
+ANNOTATE_PENDING_AFTER_S = 3.0
 
 _MAX_OWNER_DEPTH = 8
 _OWNER_CACHE_TTL_S = 30.0

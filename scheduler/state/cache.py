@@ -58,6 +58,7 @@ def _pod_view(pod: Mapping[str, Any]) -> tuple[object, ...]:
         meta.get("annotations"),
         meta.get("labels"),
         meta.get("deletionTimestamp"),
+        (pod.get("status") or {}).get("nominatedNodeName"),
     )
 
 
@@ -103,6 +104,10 @@ class ClusterState:
         """PodGroup (namespace, name) -> uids of our pods that carry its ``pod-group-name`` annotation."""
         self.group_generation: dict[tuple[str, str], int] = {}
         self.node_generation: dict[str, int] = {}
+        self.changed_nodes: set[str] = set()
+        """Nodes touched since the snapshot builder last looked (it clears the set)."""
+        self.changed_groups: set[tuple[str, str]] = set()
+        """PodGroups (namespace, name) touched since the snapshot builder last looked (it clears the set)."""
         self.pod_generation: dict[str, int] = {}
         self.version = 0
         self.topology_version = 0
@@ -122,10 +127,12 @@ class ClusterState:
     def _touch_node(self, node: str | None) -> None:
         if node:
             self.node_generation[node] = self._tick()
+            self.changed_nodes.add(node)
 
     def _touch_group(self, key: tuple[str, str] | None) -> None:
         if key is not None:
             self.group_generation[key] = self._tick()
+            self.changed_groups.add(key)
 
     def group_of(self, pod: Mapping[str, Any]) -> tuple[str, str] | None:
         """The pod's PodGroup: its annotation, else what the grouper decided and has not written yet."""
@@ -161,6 +168,7 @@ class ClusterState:
     def delete_node(self, name: str) -> None:
         self.nodes.pop(name, None)
         self.node_generation.pop(name, None)
+        self.changed_nodes.add(name)
         self.topology_version = self._tick()
 
     # --- pods -------------------------------------------------------------------------------------------------------
@@ -225,8 +233,8 @@ class ClusterState:
         self._tick()
 
     def assume(self, uid: str, assumption: Assumption) -> None:
+        # The pod object is unchanged (its parsed form stays valid); its group and node see the assumption.
         self.assumed[uid] = assumption
-        self.pod_generation[uid] = self._tick()
         self._touch_node(assumption.node)
         pod = self.pods.get(uid)
         if pod is not None:
@@ -236,7 +244,6 @@ class ClusterState:
         """A bind failed: the pod is pending again and its room is free."""
         assumed = self.assumed.pop(uid, None)
         if assumed is not None:
-            self.pod_generation[uid] = self._tick()
             self._touch_node(assumed.node)
             pod = self.pods.get(uid)
             if pod is not None:

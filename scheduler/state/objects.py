@@ -331,6 +331,7 @@ def pod_from(
         gpu_groups=groups,
         allotted_milli_gpu=allotted,
         started_ns=timestamp_ns(status.get("startTime")) or None,
+        nominated_node=model.NodeName(str(status["nominatedNodeName"])) if status.get("nominatedNodeName") else None,
     )
 
 

@@ -214,8 +214,14 @@ class SnapshotBuilder:
     def __init__(self, state: ClusterState, *, config: model.Config = model.DEFAULT_CONFIG) -> None:
         self.state = state
         self.config = config
-        self._nodes: dict[str, tuple[int, model.Node | objects.Problem]] = {}
-        self._groups: dict[tuple[str, str], tuple[int, model.Group | None, tuple[PodIssue, ...]]] = {}
+        self._first = True
+        self._priority_version = 0
+        self._node_models: dict[model.NodeName, model.Node] = {}
+        self._nodes_view: dict[model.NodeName, model.Node] | None = None
+        self._group_models: dict[tuple[str, str], model.Group] = {}
+        self._groups_view: dict[model.GroupId, model.Group] | None = None
+        self._podgroup_of: dict[model.GroupId, tuple[str, str]] = {}
+        self._group_issues: dict[tuple[str, str], tuple[PodIssue, ...]] = {}
         self._queues: tuple[int, dict[model.QueueName, model.Queue], list[QueueIssue]] | None = None
         self._below_min_since: dict[tuple[str, str], int] = {}
         self._pods: dict[str, tuple[int, PodInfo, model.Pod | objects.Problem | None]] = {}
@@ -242,45 +248,61 @@ class SnapshotBuilder:
         return member
 
     def build(self, now_ns: int) -> Built:
+        """The snapshot of now. Only what the state marked changed is rebuilt; an unchanged mapping is handed over
+        as the very same object (the engine then knows nothing in it changed), a changed one as a fresh copy (a
+        snapshot is never mutated after it was handed over)."""
         state = self.state
-        nodes: dict[model.NodeName, model.Node] = {}
-        for name, node_obj in state.nodes.items():
-            generation = state.node_generation.get(name, 0)
-            cached = self._nodes.get(name)
-            if cached is None or cached[0] != generation:
-                built = build_node(node_obj, state.pods_on(name), state.assumed, self._info)
-                cached = (generation, built)
-                self._nodes[name] = cached
-            if isinstance(cached[1], model.Node):
-                nodes[model.NodeName(name)] = cached[1]
-        for name in [name for name in self._nodes if name not in state.nodes]:
-            del self._nodes[name]
+        every = self._first or state.priority_version != self._priority_version
+        self._first = False
+        self._priority_version = state.priority_version
+        node_names = list(state.nodes) if every else list(state.changed_nodes)
+        state.changed_nodes.clear()
+        for name in node_names:
+            node_obj = state.nodes.get(name)
+            built = build_node(node_obj, state.pods_on(name), state.assumed, self._info) if node_obj else None
+            if isinstance(built, model.Node):
+                self._node_models[model.NodeName(name)] = built
+            else:
+                self._node_models.pop(model.NodeName(name), None)
+        if node_names or self._nodes_view is None:
+            self._nodes_view = dict(self._node_models)
+        nodes = self._nodes_view
         if self._queues is None or self._queues[0] != state.queue_version:
             kept, issues = build_queues(state.queues)
             self._queues = (state.queue_version, kept, issues)
         queues, queue_issues = self._queues[1], self._queues[2]
-        groups: dict[model.GroupId, model.Group] = {}
-        podgroups: dict[model.GroupId, tuple[str, str]] = {}
-        pod_issues: list[PodIssue] = []
-        for key, members in state.group_members.items():
-            generation = max(state.group_generation.get(key, 0), state.priority_version)
-            entry = self._groups.get(key)
-            if entry is None or entry[0] != generation:
-                built_group, built_issues = self._build_group(key, members, now_ns)
-                entry = (generation, built_group, built_issues)
-                self._groups[key] = entry
-            _, group, group_issues = entry
+        group_keys = list(state.group_members) if every else list(state.changed_groups)
+        state.changed_groups.clear()
+        for key in group_keys:
+            members = state.group_members.get(key)
+            group, built_issues = self._build_group(key, members, now_ns) if members else (None, ())
+            old = self._group_models.pop(key, None)
+            if old is not None:
+                self._podgroup_of.pop(old.id, None)
             if group is not None:
-                groups[group.id] = group
-                podgroups[group.id] = key
-            pod_issues.extend(group_issues)
-        for key in [key for key in self._groups if key not in state.group_members]:
-            del self._groups[key]
+                self._group_models[key] = group
+                self._podgroup_of[group.id] = key
+            if built_issues:
+                self._group_issues[key] = built_issues
+            else:
+                self._group_issues.pop(key, None)
+        # Gangs below their minimum wait on the clock (stale-gang grace), so they are looked at every time.
+        for key in list(self._below_min_since):
+            if key not in group_keys and key in state.group_members:
+                group, _ = self._build_group(key, state.group_members[key], now_ns)
+                if group is not None:
+                    self._group_models[key] = group
+                    group_keys.append(key)
+        if group_keys or self._groups_view is None:
+            self._groups_view = {group.id: group for group in self._group_models.values()}
+        groups = self._groups_view
+        podgroups = self._podgroup_of
+        pod_issues = [issue for issues in self._group_issues.values() for issue in issues]
         if len(self._pods) > 2 * len(state.pods) + 1024:
             self._pods = {uid: entry for uid, entry in self._pods.items() if uid in state.pods}
         snapshot = model.Snapshot(nodes=nodes, queues=queues, groups=groups, now_ns=now_ns, config=self.config)
         return Built(
-            snapshot=snapshot, queue_issues=tuple(queue_issues), pod_issues=tuple(pod_issues), podgroups=podgroups
+            snapshot=snapshot, queue_issues=tuple(queue_issues), pod_issues=tuple(pod_issues), podgroups=dict(podgroups)
         )
 
     def _build_group(
