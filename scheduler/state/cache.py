@@ -149,7 +149,7 @@ class ClusterState:
         if pod is None or group_key(pod) is not None:
             return
         self.decided[uid] = name
-        self.put_pod(pod)
+        self.put_pod(pod, force=True)
 
     def is_ours(self, pod: Mapping[str, Any]) -> bool:
         return (pod.get("spec") or {}).get("schedulerName") in self.scheduler_names
@@ -173,12 +173,12 @@ class ClusterState:
 
     # --- pods -------------------------------------------------------------------------------------------------------
 
-    def put_pod(self, pod: Obj) -> None:
+    def put_pod(self, pod: Obj, *, force: bool = False) -> None:
         uid = _uid(pod)
         if not uid:
             return
         previous = self.pods.get(uid)
-        if previous is not None and uid not in self.assumed and _pod_view(previous) == _pod_view(pod):
+        if not force and previous is not None and uid not in self.assumed and _pod_view(previous) == _pod_view(pod):
             self.pods[uid] = pod  # keep the newest object; nothing placement reads has changed
             return
         previous_node = node_of(previous) if previous is not None else None

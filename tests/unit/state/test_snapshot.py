@@ -162,3 +162,16 @@ def test_queue_units_follow_kai() -> None:
     assert isinstance(parsed, model.Queue)
     assert parsed.gpu == model.QueueResource(quota=1500, limit=-1, over_quota_weight=3)
     assert parsed.memory.quota == 1000 * 10**6 and parsed.cpu.limit == 0
+
+
+def test_a_pod_joins_the_group_the_grouper_decided_before_its_annotation_is_written() -> None:
+    state = seeded_state()
+    unannotated = pod("fresh", group="ignored", gpus=1)
+    del unannotated["metadata"]["annotations"]["pod-group-name"]
+    state.put_pod(unannotated)
+    state.put_podgroup(podgroup("pg-fresh"))
+    builder = SnapshotBuilder(state)
+    assert not builder.build(NOW).snapshot.groups
+    state.note_group("uid-fresh", "pg-fresh")
+    groups = builder.build(NOW).snapshot.groups
+    assert [str(member.uid) for member in groups[model.GroupId("default/pg-fresh")].members] == ["uid-fresh"]
