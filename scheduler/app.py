@@ -25,12 +25,15 @@ import socket
 import sys
 import time
 from collections.abc import Coroutine, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from common import config, logs
+from common import config, logs, wire
 from common.config import Setting
-from common.errors import ConfigError, QuotientError
+from common.errors import BusError, ConfigError, QuotientError
 from common.httpendpoint import HttpEndpoint, Response
+from common.natsconn import NatsBus
+from scheduler import audit
 from scheduler.kube import binding, client, events, grouper, grouping, leases, statuswriter, watches, webhook
 from scheduler.kube.errors import KubeError
 from scheduler.metrics import CONTENT_TYPE, SchedulerMetrics
@@ -124,6 +127,8 @@ class Settings:
     cycle_debounce_s: float
     bind_concurrency: int
     watch_timeout_s: int
+    nats: str | None
+    nats_seed: Path | None
     engine_config: model.Config
     webhook: webhook.WebhookSettings
 
@@ -164,6 +169,8 @@ def settings_from(values: Mapping[str, object]) -> Settings:
         cycle_debounce_s=float(str(values["cycle_debounce"])),
         bind_concurrency=concurrency,
         watch_timeout_s=max(1, int(float(str(values["watch_timeout"])))),
+        nats=str(values["nats"]) if values["nats"] else None,
+        nats_seed=Path(str(values["nats_nkey_seed"])) if values["nats_nkey_seed"] else None,
         engine_config=engine_config,
         webhook=webhook.settings_from(values),
     )
@@ -176,8 +183,17 @@ def _uid(obj: Mapping[str, Any]) -> str:
 class Scheduler:
     """The leader's work: watch, schedule, bind, report. ``run()`` until cancelled."""
 
-    def __init__(self, api: client.KubeApi, settings: Settings, metrics: SchedulerMetrics) -> None:
+    def __init__(
+        self,
+        api: client.KubeApi,
+        settings: Settings,
+        metrics: SchedulerMetrics,
+        *,
+        decisions: audit.DecisionPublisher | None = None,
+    ) -> None:
         self.api = api
+        self.decisions = decisions
+        self._placing: dict[str, tuple[tuple[int, ...], str | None, str | None, int]] = {}
         self.settings = settings
         self.metrics = metrics
         self.state = cache.ClusterState(scheduler_names=settings.scheduler_names)
@@ -296,6 +312,13 @@ class Scheduler:
             meta = pod.get("metadata") or {}
             ref = binding.PodRef(namespace=str(meta.get("namespace") or "default"), name=str(meta.get("name")), uid=uid)
             self._bind_started[uid] = time.perf_counter()
+            group = built.snapshot.groups.get(placement.group)
+            self._placing[uid] = (
+                placement.devices,
+                groups[0] if groups else None,
+                str(group.queue) if group is not None else None,
+                self.cycles,
+            )
             extra = {}
             if cache.group_key(pod) is None and uid in self.state.decided:
                 extra[cache.POD_GROUP_ANNOTATION] = self.state.decided[uid]
@@ -394,6 +417,24 @@ class Scheduler:
     async def _on_report(self, report: binding.Report) -> None:
         uid = report.pod.uid
         started = self._bind_started.pop(uid, None)
+        placing = self._placing.pop(uid, None)
+        if self.decisions is not None and report.outcome in (binding.Outcome.BOUND, binding.Outcome.EVICTED):
+            devices, gpu_group, queue, cycle_number = placing or ((), None, None, self.cycles)
+            await self.decisions.publish(
+                action=wire.DecisionAction.BIND
+                if report.outcome is binding.Outcome.BOUND
+                else wire.DecisionAction.EVICT,
+                namespace=report.pod.namespace,
+                name=report.pod.name,
+                uid=uid,
+                node=report.node,
+                gpu_indices=devices,
+                gpu_group=gpu_group,
+                queue=queue,
+                reason="Scheduled" if report.outcome is binding.Outcome.BOUND else "Evicted",
+                message=report.message,
+                cycle=cycle_number,
+            )
         if report.outcome is binding.Outcome.EVICTED or (
             report.outcome is binding.Outcome.GONE and uid in self._evicting
         ):
@@ -502,6 +543,16 @@ async def serve(settings: Settings) -> None:
         )
         await endpoint.start()
     log.info("scheduler_starting", names=",".join(settings.scheduler_names), identity=settings.election.identity)
+    # NATS (optional): declare the telemetry stream and publish every decision on quotient.v1.decisions.
+    bus: NatsBus | None = None
+    nats_task: asyncio.Task[None] | None = None
+    decisions: audit.DecisionPublisher | None = None
+    if settings.nats:
+        bus = NatsBus(
+            servers=settings.nats, name=f"quotient-scheduler-{settings.election.identity}", nkey_seed=settings.nats_seed
+        )
+        decisions = audit.DecisionPublisher(bus, identity=settings.election.identity)
+        nats_task = asyncio.ensure_future(guard(_connect_nats(bus), "nats"))
     # Every replica serves the admission webhook (a standby too: pod creation must not wait for an election).
     admission: asyncio.Task[None] | None = None
     if settings.webhook.enabled:
@@ -511,7 +562,7 @@ async def serve(settings: Settings) -> None:
     try:
 
         async def lead() -> None:
-            scheduler = Scheduler(api, settings, metrics)
+            scheduler = Scheduler(api, settings, metrics, decisions=decisions)
             current["scheduler"] = scheduler
             try:
                 await scheduler.run()
@@ -526,6 +577,12 @@ async def serve(settings: Settings) -> None:
         await elector.run(lead)
         log.warning("leadership_lost", identity=settings.election.identity)
     finally:
+        if nats_task is not None:
+            nats_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await nats_task
+        if bus is not None:
+            await bus.close()
         if admission is not None:
             admission.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -533,6 +590,15 @@ async def serve(settings: Settings) -> None:
         if endpoint is not None:
             await endpoint.close()
         await api.close()
+
+
+async def _connect_nats(bus: NatsBus) -> None:
+    """Connect (retrying with backoff for as long as it takes) and declare the telemetry stream."""
+    await bus.connect()
+    try:
+        await bus.declare_telemetry_stream()
+    except BusError as exc:
+        log.error("telemetry_stream_not_declared", error=str(exc))
 
 
 async def guard(work: Coroutine[Any, Any, None], name: str) -> None:
