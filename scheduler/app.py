@@ -218,7 +218,6 @@ class Scheduler:
         self.cycles = 0
         self.ready = False
         """True once every watch has listed: the first cycle can see the whole cluster."""
-        self.last_plan_statuses: dict[model.GroupId, Any] = {}
         self._pending_write: tuple[snapshot.Built, plan.Plan] | None = None
 
     async def _event(self, obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
@@ -257,10 +256,16 @@ class Scheduler:
                         self.grouper.submit(obj)
             elif kind == "nodes":
                 name = str((obj.get("metadata") or {}).get("name") or "")
-                self.state.delete_node(name) if deleted else self.state.put_node(obj)
+                if deleted:
+                    self.state.delete_node(name)
+                else:
+                    self.state.put_node(obj)
             elif kind == "queues":
                 name = str((obj.get("metadata") or {}).get("name") or "")
-                self.state.delete_queue(name) if deleted else self.state.put_queue(obj)
+                if deleted:
+                    self.state.delete_queue(name)
+                else:
+                    self.state.put_queue(obj)
             elif kind == "podgroups":
                 meta = obj.get("metadata") or {}
                 if deleted:
@@ -270,7 +275,10 @@ class Scheduler:
                 self._regroup_waiting(str(meta.get("namespace") or ""), str(meta.get("name") or ""), deleted)
             elif kind == "priorityclasses":
                 name = str((obj.get("metadata") or {}).get("name") or "")
-                self.state.delete_priority_class(name) if deleted else self.state.put_priority_class(obj)
+                if deleted:
+                    self.state.delete_priority_class(name)
+                else:
+                    self.state.put_priority_class(obj)
             self._mark()
 
         return handle
@@ -355,7 +363,6 @@ class Scheduler:
             rejected[issue.reason] = rejected.get(issue.reason, 0) + 1
         for reason in ("InvalidGpuRequest", "InvalidPodSpec"):
             self.metrics.rejected_pods.labels(reason).set(rejected.get(reason, 0))
-        self.last_plan_statuses = dict(result.statuses)
         self._pending_write = (built, result)
         if result.placements or result.evictions:
             log.info(
