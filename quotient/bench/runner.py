@@ -19,6 +19,7 @@ BENCHMARKS: dict[str, str] = {
     "agent": "quotient.bench.agent",
     "engine": "quotient.bench.engine",
     "e2e": "quotient.bench.e2e",
+    "telemetry": "quotient.bench.telemetry",
 }
 
 
