@@ -333,6 +333,10 @@ async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Cal
         for text in texts:
             created += await apply(emulator, text)
         created += await apply(emulator, DEMO_QUEUES)
+        note(
+            f"nats-server {nats.url} (JetStream in {nats.workdir}), API emulator {emulator.url}, scheduler pid "
+            f"{scheduler.pid} (log {scheduler_log})"
+        )
         note(f"applied the users' workflows from {source}: {', '.join(created)}")
         await viewer.connect()
         await viewer.subscribe("quotient.v1.>", telemetry.on_message)

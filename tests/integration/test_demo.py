@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,11 +16,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_demo_plays_its_scenario_and_exits_zero_leaving_no_process_behind() -> None:
-    before = set(
-        subprocess.run(
-            ["pgrep", "-f", "nats-server|quotient.cli scheduler"], capture_output=True, text=True
-        ).stdout.split()
-    )
     result = subprocess.run(
         [sys.executable, "-m", "quotient.cli", "demo", "--duration", "40", "--interval", "0.5"],
         cwd=REPO,
@@ -37,9 +33,11 @@ def test_the_demo_plays_its_scenario_and_exits_zero_leaving_no_process_behind() 
     assert "not ours (schedulerName default-scheduler)" in out
     # What the agents published, as a third-party subscriber decoded it.
     assert "team-a/llm-train" in out and "(no pod)" in out and "Xid 79" in out
-    after = set(
-        subprocess.run(
-            ["pgrep", "-f", "nats-server|quotient.cli scheduler"], capture_output=True, text=True
-        ).stdout.split()
-    )
-    assert after <= before, "the demo left a nats-server or a scheduler running"
+    started = re.search(r"JetStream in (\S+)\), API emulator (\S+), scheduler pid (\d+)", out)
+    assert started is not None
+    workdir, emulator_url, scheduler_pid = started.groups()
+    for pattern in (workdir, emulator_url):
+        leftovers = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.strip()
+        assert leftovers == "", f"a process of the demo outlived it: {pattern}"
+    assert not Path(f"/proc/{scheduler_pid}").exists(), "the demo's scheduler outlived it"
+    assert not Path(workdir).exists(), "the demo left its temporary directory behind"
