@@ -327,8 +327,8 @@ class Config:
     """How the engine places: strategies, margins, caps and the actions to run in order.
 
     ``gpu_strategy`` orders nodes for GPU pods, ``cpu_strategy`` for CPU-only pods, ``device_strategy`` orders the
-    devices of a node for shares. ``scorer`` replaces the built-in node scorer of ``gpu_strategy`` for GPU pods (the
-    simulator plugs in its baselines this way). ``headroom_margin_bytes`` is kept free on top of the measured peak.
+    devices of a node for shares. ``scorer`` replaces the built-in node scorers for every pod (the simulator
+    plugs in its baselines this way). ``headroom_margin_bytes`` is kept free on top of the measured peak.
     ``reclaim_eviction_multiple``: one reclaim never evicts more GPU (or, for CPU-only work, CPU) than this multiple
     of what the reclaimer gets from it. ``stale_gang_grace_ns``: KAI's 60 s.
     """

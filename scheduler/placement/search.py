@@ -92,7 +92,11 @@ class Searcher:
         self.scorer = config.scorer or scoring.builtin(
             node=config.gpu_strategy, device=config.device_strategy, demanded=demanded
         )
-        self.cpu_scorer = scoring.builtin(node=config.cpu_strategy, device=config.device_strategy, demanded=demanded)
+        # A configured scorer places every pod, CPU-only ones included: a policy judges the whole node it fills
+        # (the simulator's baselines and ours are defined that way), and a CPU-only pod can strand a node's GPUs.
+        self.cpu_scorer = config.scorer or scoring.builtin(
+            node=config.cpu_strategy, device=config.device_strategy, demanded=demanded
+        )
         self.indexed_whole = builtin
         self.indexed_cpu = builtin and config.cpu_strategy is scoring.Strategy.BINPACK
         self.spread_whole = config.gpu_strategy is scoring.Strategy.SPREAD

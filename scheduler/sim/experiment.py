@@ -12,8 +12,11 @@
    fragmentation, both in percent of the cluster's milli-GPU, the fragmentation measured against the typical pods of
    the trace before inflation whatever the policy.
 
-The arrival order depends on the seed only, so every policy sees the same pods in the same order; the random source
-that breaks ties between equally scored nodes (and that the Random policy draws from) is seeded from it as well.
+Ties between equally scored choices go to the first node in the run's node order: the node file shuffled with the
+seed, as the public simulator does by giving nodes random name prefixes (its published figures depend on that:
+GpuPacking and GpuClustering leave CPU-only pods to the tie-break). Arrival order and node order depend on the seed
+only, so every policy sees the same pods in the same order on the same nodes; the Random policy draws its node from
+a source seeded from it as well.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from scheduler.placement import fragmentation
@@ -48,7 +51,7 @@ class SeedResult:
 
     seed: int
     curve: tuple[CurvePoint, ...]
-    failed_by_kind: dict[str, int]
+    failed_by_kind: Mapping[str, int]
     attempted: int
     placed: int
 

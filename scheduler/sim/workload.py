@@ -4,7 +4,8 @@ The spec (``common.clusterspec``) gives the nodes and, per pod, when it arrives 
 started (``duration``; absent: until the end) and its queue (``queue``; absent: KAI's ``default-queue``). Shares
 come from KAI's ``gpu-fraction`` / ``gpu-memory`` annotations, read by the scheduler's own parser; pods that carry
 the same ``pod-group-name`` annotation form one gang that needs all of them at once (it arrives with its last
-member). A pod pinned with ``node:`` is held to that node by its hostname label. Every queue is a leaf with KAI's
+member). A pod pinned with ``node:`` is held to that node by its hostname label. Every pod of the spec is
+scheduled here, whatever its ``scheduler_name``. Every queue is a leaf with KAI's
 defaults for an unconfigured queue (no quota, no limit, over-quota weight 1), so fair share divides the cluster
 equally among the queues that want it, capped by what each asks for.
 
