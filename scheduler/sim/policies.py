@@ -24,6 +24,7 @@ Inside the chosen node every policy but Random and FGD takes the device with the
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from collections.abc import Callable, Mapping
 
@@ -58,7 +59,7 @@ def best_fit_devices(node: NodeFree, pod: PodShape) -> tuple[int, ...] | None:
     return None if best is None else (best,)
 
 
-class _NodeThenBestDevice:
+class _NodeThenBestDevice(abc.ABC):
     """A plugin that scores nodes and then takes the best-fitting device inside the chosen node.
 
     The engine and the replay rate (node, devices) choices; to keep the plugin's meaning, every choice on a node
@@ -75,8 +76,9 @@ class _NodeThenBestDevice:
             return 0
         return 2 * self.node_score(node, pod, chosen) + (1 if devices == chosen else 0)
 
+    @abc.abstractmethod
     def node_score(self, node: NodeFree, pod: PodShape, devices: tuple[int, ...]) -> int:
-        raise NotImplementedError
+        """The policy's score of the node when the pod takes ``devices`` there (higher is better)."""
 
 
 class RandomScorer:
