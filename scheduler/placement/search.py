@@ -304,9 +304,18 @@ class Searcher:
         best_key: tuple[int, int, tuple[int, ...]] | None = None
         best: Choice | None = None
         fixed_request = _request(shape, None)
+        # Nodes of one class that look the same to the filters and the scorer (same state, pod slots and device
+        # models) offer the same choices with the same scores; members come in node order, so the first of them
+        # wins every tie and the others can be skipped. Exact, and on a large uniform cluster most nodes are alike.
+        seen: set[tuple[scoring.NodeState, int, tuple[str, ...]]] = set()
         for cls in eligible:
+            seen.clear()
             for order in classes[cls].members:
                 work = by_order[order]
+                look = (work.state(), work.free_pods, work.dev_model)
+                if look in seen:
+                    continue
+                seen.add(look)
                 for chosen, per_device in _device_choices(work, shape):
                     slots = shape.pods + (_opened_groups(work, chosen) if shape.share is not None else 0)
                     if not work.fits_basics(shape.milli_cpu, shape.memory_bytes, slots):
