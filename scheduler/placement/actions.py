@@ -336,9 +336,10 @@ class Cycle:
         if len(failed.minimum) > 1:
             summary, alone = self._summary(shape)
             detail = summary if alone else f"{summary}; {pod_text}: {text}"
+            needs = f", {status.amount_text(0, failed.amounts[0])} in all" if failed.amounts[0] > 0 else ""
             return status.unschedulable(
                 status.Reason.GANG_DOES_NOT_FIT,
-                f"gang of {len(failed.minimum)} pods must start together (minMember {group.min_member}), "
+                f"gang of {len(failed.minimum)} pods must start together (minMember {group.min_member}{needs}), "
                 f"and they do not all fit at once: {detail}",
             )
         return status.unschedulable(reason, f"{pod_text}: {text}")

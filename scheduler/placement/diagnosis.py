@@ -128,7 +128,10 @@ def free_summary(searcher: search.Searcher, shape: search.Shape) -> str:
     works = [cap.by_order[order] for cls in searcher.eligible(shape.constraints) for order in cap.classes[cls].members]
     if shape.whole_gpus:
         free = sum(work.whole_count for work in works)
-        return f"{free} whole GPU free on {len(works)} node(s) it may use, {shape.whole_gpus} per pod"
+        return (
+            f"{free} whole GPU{'' if free == 1 else 's'} free on {len(works)} node(s) it may use, "
+            f"{shape.whole_gpus} per pod"
+        )
     if shape.share is not None:
         free = sum(sum(work.dev_free) for work in works)
         return f"{quantities.format_milli_gpu(free)} of GPU shares free on {len(works)} node(s) it may use"
