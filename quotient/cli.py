@@ -15,6 +15,7 @@ from collections.abc import Sequence
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("agent.app", "run the node agent: GPU telemetry over NATS (a DaemonSet on every GPU node)"),
     "scheduler": ("scheduler.app", "run the Kubernetes scheduler (leader-elected; watches, places, binds)"),
+    "reserve": ("quotient.reserve", "hold one GPU for a GPU group: the entry point of a reservation pod"),
     "emulator": ("quotient.emulator.app", "run the local Kubernetes API emulator (nodes from a cluster spec)"),
     "nats-keys": ("quotient.natskeys", "generate the NATS nkey seeds and Secrets for the agent, scheduler and readers"),
     "nodes": ("quotient.nodes", "run emulated GPU nodes (real agents over fake GPUs) from a cluster spec"),

@@ -1,12 +1,17 @@
 """Emulated GPU nodes as the emulator's container runtime: a pod the emulated kubelet starts runs its processes on
 the fake GPUs of its node, on the devices it really got, and the real agent of that node measures them.
 
-Whole-GPU pods use the device plugin's allocation; a shared pod uses the devices the scheduler recorded on it
-(``quotient.dev/gpu-devices``) until reservation pods carry the real device. The processes' memory follows the
-pod's ``quotient.dev/sim-gpu-memory`` script; a pod without one runs no GPU process.
+Which devices a pod really got: a whole-GPU pod's are the device plugin's allocation; a share's are those its
+reservation pods hold, which reach the pod as the UUIDs in its container's ``NVIDIA_VISIBLE_DEVICES`` (resolved from
+the ConfigMap the binder wrote), or, for a share admitted without the webhook, the UUIDs the binder recorded
+(``quotient.dev/gpu-uuids``). A share bound before reservation pods existed falls back to the indices the scheduler
+recorded (``quotient.dev/gpu-devices``). The processes' memory follows the pod's ``quotient.dev/sim-gpu-memory``
+script; a pod without one runs no GPU process.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from common import clusterspec, logs
 from common.errors import ClusterSpecError
@@ -16,11 +21,27 @@ from quotient.nodes import EmulatedNodes
 log = logs.get("nodes.runtime")
 
 GPU_DEVICES_ANNOTATION = "quotient.dev/gpu-devices"
+GPU_UUIDS_ANNOTATION = "quotient.dev/gpu-uuids"
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 
 
-def devices_of(launch: PodLaunch) -> tuple[int, ...]:
+def _visible_uuids(launch: PodLaunch) -> tuple[str, ...]:
+    for env in launch.env.values():
+        value = env.get(VISIBLE_DEVICES, "")
+        if value and value not in ("all", "none", "void"):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+    text = launch.annotations.get(GPU_UUIDS_ANNOTATION, "")
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def devices_of(launch: PodLaunch, uuids_of_node: Mapping[str, int] | None = None) -> tuple[int, ...]:
+    """The device indices ``launch`` really runs on (see the module's docstring for where each comes from)."""
     if launch.gpu_indices:
         return launch.gpu_indices
+    if uuids_of_node:
+        found = tuple(uuids_of_node[uuid] for uuid in _visible_uuids(launch) if uuid in uuids_of_node)
+        if found:
+            return found
     text = launch.annotations.get(GPU_DEVICES_ANNOTATION, "")
     return tuple(int(part) for part in text.split(",") if part.strip().isascii() and part.strip().isdigit())
 
@@ -34,8 +55,10 @@ class GpuNodesRuntime:
     def start_pod(self, launch: PodLaunch) -> None:
         fake = self._nodes.fakes.get(launch.node)
         script_text = launch.annotations.get(clusterspec.SIM_GPU_MEMORY_ANNOTATION)
-        devices = devices_of(launch)
-        if fake is None or not script_text or not devices:
+        if fake is None or not script_text:
+            return
+        devices = devices_of(launch, {gpu.uuid: gpu.index for gpu in fake.spec.gpus})
+        if not devices:
             return
         try:
             script = clusterspec.parse_memory_script(script_text)

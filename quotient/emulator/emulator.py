@@ -33,6 +33,7 @@ from quotient.emulator.faults import Fault, Faults
 from quotient.emulator.kinds import Kind, default_registry
 from quotient.emulator.kubelets import KubeletConfig, Kubelets
 from quotient.emulator.objects import Obj, clone, metadata, set_condition, timestamp
+from quotient.emulator.reservations import ReservationAgent
 from quotient.emulator.runtime import ContainerRuntime
 from quotient.emulator.server import Server, ServerConfig
 from quotient.emulator.store import DEFAULT_HISTORY_EVENTS, Store
@@ -72,6 +73,9 @@ class Emulator:
         self.faults = Faults()
         self.controllers = Controllers(self.api)
         self.kubelets = Kubelets(self.api, config=config.kubelet, gpu_uuids=cluster.gpu_uuids(self.spec))
+        # Reservation pods report their device's UUID, as ``quotient reserve`` does on a real node.
+        self.reservation_agent = ReservationAgent(self.api)
+        self.kubelets.add_runtime(self.reservation_agent)
         self.server = Server(
             api=self.api, hub=self.hub, faults=self.faults, hooks=self, config=config.server, clock=clock
         )
@@ -101,6 +105,7 @@ class Emulator:
 
     async def stop(self) -> None:
         self.kubelets.close()
+        self.reservation_agent.close()
         await self.server.stop()
         for task in list(self._tasks):
             task.cancel()

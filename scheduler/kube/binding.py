@@ -6,12 +6,20 @@ Binding's annotations (``quotient.dev/gpu-devices``, and for a share ``quotient.
 ``quotient.dev/gpu-groups``), which the API server writes onto the pod in the same write as ``spec.nodeName``: a
 scheduler restarted at any moment rebuilds the devices of every bound pod from the API, and a pod costs one API call.
 A shared pod also needs the ``runai-gpu-group`` label KAI users inspect; labels cannot ride on a Binding, so it is
-patched (with the annotations) just before. Outcomes:
+patched (with the annotations) just before.
+
+A share needs its device held first: for each of its GPU groups the binder asks the ``ReservationManager`` for the
+group's reservation pod (created when this placement opens the group) and waits for the device UUID it reports.
+Then it writes the pod's ConfigMap (named by the webhook in ``quotient.dev/gpu-configmap``; owned by the pod, so it
+goes with it) with ``NVIDIA_VISIBLE_DEVICES`` (the UUIDs) and ``GPU_PORTION``, and records the UUIDs on the pod
+(``quotient.dev/gpu-uuids``). A reservation that never reports its UUID ends the bind as ``not-reserved``: the
+assumption is dropped and the pod placed afresh. Outcomes:
 
 - bound (201): done; the watch event replaces the assumption.
 - already assigned (409): the pod was bound meanwhile (by a previous leader, or a retry whose answer was lost);
   re-read it: bound where we meant is success, anywhere else drops the assumption.
 - gone (404): drop the assumption.
+- not reserved: the GPU group's reservation failed (no UUID in time, the pod failed, the API refused it).
 - API unavailable (5xx, timeouts): retry with capped jittered backoff, then give up and drop the assumption, so the
   pod is placed afresh by a later cycle.
 
@@ -30,8 +38,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from common import logs
 from common.backoff import Backoff
-from scheduler.kube import client
-from scheduler.kube.errors import KubeError, KubeNotFound, KubeUnavailable
+from scheduler.kube import client, reservations
+from scheduler.kube.errors import KubeAlreadyExists, KubeError, KubeNotFound, KubeUnavailable
 from scheduler.placement import decisions
 from scheduler.state import objects
 
@@ -48,6 +56,8 @@ class Outcome(enum.StrEnum):
     FAILED = "failed"
     """The API kept failing; the pod is pending again."""
     EVICTED = "evicted"
+    NOT_RESERVED = "not-reserved"
+    """The device of a share could not be held (its reservation pod failed or never reported its UUID)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,6 +74,8 @@ class Report:
     node: str | None
     message: str
     attempts: int = 1
+    reason: str = ""
+    """For ``not-reserved``: the reservation's reason code (``ReservationTimeout``, ...)."""
 
 
 ReportSink = Callable[[Report], Awaitable[None]]
@@ -91,6 +103,34 @@ def placement_annotations(
     return annotations
 
 
+GPU_UUIDS_ANNOTATION = "quotient.dev/gpu-uuids"
+"""The UUIDs of the devices a share runs on (its reservation pods'), comma-separated in device order."""
+VISIBLE_DEVICES_KEY = "NVIDIA_VISIBLE_DEVICES"
+GPU_PORTION_KEY = "GPU_PORTION"
+
+
+def portion_text(share_milli: int) -> str:
+    """A share as the decimal fraction KAI's ``GPU_PORTION`` carries: 500 -> ``0.5``, 1000 -> ``1``."""
+    whole, milli = divmod(share_milli, 1000)
+    return f"{whole}.{milli:03d}".rstrip("0").rstrip(".") if milli else str(whole)
+
+
+def configmap_body(*, name: str, pod: PodRef, uuids: Sequence[str], share_milli: int) -> dict[str, object]:
+    """The pod's GPU ConfigMap: what its container's ``NVIDIA_VISIBLE_DEVICES`` and ``GPU_PORTION`` resolve to.
+    Owned by the pod, so garbage collection deletes it with the pod."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": name,
+            "namespace": pod.namespace,
+            "labels": {"app.kubernetes.io/managed-by": "quotient"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid}],
+        },
+        "data": {VISIBLE_DEVICES_KEY: ",".join(uuids), GPU_PORTION_KEY: portion_text(share_milli)},
+    }
+
+
 def placement_labels(placement: decisions.Placement, gpu_groups: Sequence[str]) -> dict[str, str]:
     """The ``runai-gpu-group`` label of a shared pod (KAI users select and inspect it); none for other pods."""
     if placement.share_milli and gpu_groups:
@@ -109,8 +149,10 @@ class Binder:
         concurrency: int = 32,
         backoff: Backoff | None = None,
         max_attempts: int = 6,
+        reservations: reservations.ReservationManager | None = None,
     ) -> None:
         self._api = api
+        self._reservations = reservations
         self._report = report
         self._slots = asyncio.Semaphore(concurrency)
         self._backoff = backoff or Backoff(base_s=0.05, cap_s=2.0)
@@ -127,8 +169,11 @@ class Binder:
         placement: decisions.Placement,
         gpu_groups: Sequence[str],
         extra_annotations: Mapping[str, str] | None = None,
+        configmap: str | None = None,
     ) -> None:
-        self._spawn(self._bind(pod, placement, gpu_groups, extra_annotations))
+        """Bind ``pod`` as placed; a share is first given its devices (reservation pods) and its ConfigMap
+        ``configmap`` (the name the webhook chose; None when the pod was admitted without the webhook)."""
+        self._spawn(self._bind(pod, placement, gpu_groups, extra_annotations, configmap))
 
     def submit_evict(self, pod: PodRef, eviction: decisions.Eviction) -> None:
         self._spawn(self._evict(pod, eviction))
@@ -195,12 +240,61 @@ class Binder:
         placement: decisions.Placement,
         gpu_groups: Sequence[str],
         extra_annotations: Mapping[str, str] | None,
+        configmap: str | None = None,
+    ) -> None:
+        shared = bool(placement.share_milli) and bool(gpu_groups) and self._reservations is not None
+        if not shared:
+            await self._bind_once_reserved(pod, placement, gpu_groups, extra_annotations, configmap, ())
+            return
+        assert self._reservations is not None
+        for group in gpu_groups:
+            self._reservations.hold(group)
+        try:
+            uuids: list[str] = []
+            for group in gpu_groups:
+                held = await self._reservations.reserve(group, str(placement.node))
+                if isinstance(held, reservations.NotReserved):
+                    await self._deliver(
+                        Report(
+                            pod=pod,
+                            outcome=Outcome.NOT_RESERVED,
+                            node=str(placement.node),
+                            message=held.message,
+                            reason=held.reason,
+                        )
+                    )
+                    return
+                uuids.append(held.uuid)
+            await self._bind_once_reserved(pod, placement, gpu_groups, extra_annotations, configmap, tuple(uuids))
+        finally:
+            for group in gpu_groups:
+                self._reservations.release(group)
+
+    async def _write_configmap(self, name: str, body: Mapping[str, object], pod: PodRef) -> None:
+        try:
+            await self._api.create(client.CONFIG_MAPS, body, namespace=pod.namespace)
+        except KubeAlreadyExists:
+            await self._api.patch(client.CONFIG_MAPS, {"data": body["data"]}, name=name, namespace=pod.namespace)
+
+    async def _bind_once_reserved(
+        self,
+        pod: PodRef,
+        placement: decisions.Placement,
+        gpu_groups: Sequence[str],
+        extra_annotations: Mapping[str, str] | None,
+        configmap: str | None,
+        uuids: Sequence[str],
     ) -> None:
         node = str(placement.node)
         annotations = placement_annotations(placement, gpu_groups, extra_annotations)
+        if uuids:
+            annotations[GPU_UUIDS_ANNOTATION] = ",".join(uuids)
         labels = placement_labels(placement, gpu_groups)
 
         async def once() -> Report:
+            if configmap and uuids:
+                body = configmap_body(name=configmap, pod=pod, uuids=uuids, share_milli=placement.share_milli[0])
+                await self._write_configmap(configmap, body, pod)
             if labels:
                 # Labels cannot ride on a Binding; the annotations go with them so the pod is complete before the bind.
                 try:

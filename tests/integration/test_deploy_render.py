@@ -415,6 +415,8 @@ def test_the_base_and_the_kai_overlay_are_valid_built_in_objects_and_valid_custo
 def test_namespaced_objects_live_in_the_quotient_namespace_and_cluster_scoped_ones_in_none(
     rendered: list[Obj],
 ) -> None:
+    """The reservation pods' own objects (their ServiceAccount, the roles to make and report them) live in the
+    reservation namespace, apart from the workloads and from quotient-system, as KAI keeps its own."""
     cluster_scoped_custom = {
         crd["spec"]["names"]["kind"]
         for crd in _by_kind(rendered, "CustomResourceDefinition")
@@ -424,8 +426,12 @@ def test_namespaced_objects_live_in_the_quotient_namespace_and_cluster_scoped_on
         label = f"{obj['kind']}/{obj['metadata']['name']}"
         if obj["kind"] in CLUSTER_SCOPED or obj["kind"] in cluster_scoped_custom:
             assert "namespace" not in obj["metadata"], label
+        elif (obj["metadata"].get("labels") or {}).get("app.kubernetes.io/component") == "gpu-reservation":
+            assert obj["metadata"].get("namespace") == "quotient-reservation", label
         else:
             assert obj["metadata"].get("namespace") == NAMESPACE, label
+    names = {obj["metadata"]["name"] for obj in _by_kind(rendered, "Namespace")}
+    assert names == {NAMESPACE, "quotient-reservation"}
 
 
 def test_the_queue_and_podgroup_crds_have_kais_names_scopes_status_and_printer_columns(rendered: list[Obj]) -> None:
@@ -824,9 +830,12 @@ def test_the_webhook_is_sent_only_pod_creations_of_our_scheduler_names_that_ask_
     # Fail: a share must never start without its GPU wiring; matchConditions keep everyone else out of reach.
     assert entry["failurePolicy"] == "Fail"
     assert 1 <= entry["timeoutSeconds"] <= 10
-    assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]} in entry[
-        "namespaceSelector"
-    ]["matchExpressions"]
+    excluded = {
+        "key": "kubernetes.io/metadata.name",
+        "operator": "NotIn",
+        "values": ["kube-system", "quotient-reservation"],
+    }
+    assert excluded in entry["namespaceSelector"]["matchExpressions"]
     assert "objectSelector" not in entry
     assert set(conditions) == {"scheduled-by-quotient", "asks-for-a-gpu-share"}
     assert re.findall(r"'([^']*)'", conditions["scheduled-by-quotient"]) == names

@@ -1,0 +1,641 @@
+"""Reservation pods: the pod that holds a shared GPU for every pod of its GPU group.
+
+A fractional pod does not request ``nvidia.com/gpu`` (KAI-COMPAT.md, "GPU sharing"), so nothing on the node would
+stop the device plugin from handing its device to a whole-GPU pod. The first share placed on a device therefore
+opens a *GPU group* and the binder creates the group's reservation pod: ``spec.nodeName`` set (it skips scheduling),
+``nvidia.com/gpu: 1``, runtime class ``nvidia``, in the reservation namespace. Its entry point (``quotient
+reserve``) reads the UUID of the device it was given through NVML and writes it to its own annotation; only then
+does the binder know which physical device the group shares, write the sharing pods' ConfigMaps
+(``NVIDIA_VISIBLE_DEVICES=<uuid>``) and bind them.
+
+Each reservation walks an explicit state machine, every step an Event on the reservation pod::
+
+    creating -> waiting-for-uuid -> ready -> draining -> deleted
+        \\______________\\___ (no UUID within the timeout, or the pod failed) -> draining -> deleted
+
+The state is never kept only in memory: it is read back from the pod (its labels say the group and node, its
+annotations the UUID, ``deletionTimestamp`` says draining), so a restarted scheduler rebuilds every reservation
+from its pod watch. The name is a digest of the group, so a create repeated after a restart or a lost answer finds
+the same pod (409) instead of a second reservation.
+
+What to do about the groups (drain a reservation whose last sharing pod ended, delete one stuck without a UUID,
+re-reserve for a sharing pod that has not started, evict or report a running one whose reservation vanished) is
+decided by the pure :func:`reconcile` over plain values; :class:`ReservationManager` carries it out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import hashlib
+import re
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from common import config, logs
+from common.config import Setting
+from scheduler.kube import client
+from scheduler.kube.errors import KubeAlreadyExists, KubeError, KubeNotFound
+
+log = logs.get("scheduler.reservations")
+
+DEFAULT_NAMESPACE: Final = "quotient-reservation"
+GROUP_LABEL: Final = "quotient.dev/gpu-group-reservation"
+"""On a reservation pod: the (label-safe) GPU group whose device it holds."""
+APP_LABEL: Final = "app.kubernetes.io/component"
+APP_VALUE: Final = "gpu-reservation"
+UUID_ANNOTATION: Final = "quotient.dev/gpu-uuid"
+"""Written by the reservation pod itself (``quotient reserve``): the UUID of the device it holds."""
+INDEX_ANNOTATION: Final = "quotient.dev/gpu-index"
+"""Written with the UUID: the device's NVML index on its node."""
+GROUP_ANNOTATION: Final = "quotient.dev/gpu-group"
+"""The full GPU group id (the label holds the label-safe form, which is the same for ids the engine makes)."""
+RUNTIME_CLASS: Final = "nvidia"
+DEFAULT_IMAGE: Final = "ghcr.io/quotient-sched/quotient-scheduler:0.1.0"
+RESERVE_COMMAND: Final = ("quotient", "reserve")
+_NAME_MAX = 63  # pod names become hostnames: keep them DNS labels
+
+
+class Phase(enum.StrEnum):
+    """Where a reservation is in its life (DESIGN.md, "Fractional GPUs")."""
+
+    CREATING = "creating"
+    WAITING_FOR_UUID = "waiting-for-uuid"
+    READY = "ready"
+    DRAINING = "draining"
+    DELETED = "deleted"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Reservation:
+    """One reservation pod as the API shows it. ``failed``: the pod ended (it never will have a UUID)."""
+
+    group: str
+    node: str
+    namespace: str
+    name: str
+    uid: str
+    phase: Phase
+    uuid: str | None = None
+    index: int | None = None
+    failed: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    namespace: str = DEFAULT_NAMESPACE
+    image: str = DEFAULT_IMAGE
+    uuid_timeout_s: float = 60.0
+    """How long a reservation may wait for its UUID before it is deleted and the bind retried elsewhere."""
+    drain_grace_s: float = 2.0
+    """How long a reservation with no sharing pod is kept (a share being bound may be about to use it)."""
+    evict_orphans: bool = True
+    """A running sharing pod whose reservation pod is gone: deleted (KAI's behaviour) or only reported."""
+    service_account: str = "quotient-reservation"
+    priority_class: str | None = None
+
+
+SETTINGS: tuple[Setting[object], ...] = (
+    Setting(
+        name="reservation_namespace",
+        parse=config.parse_str,
+        default=DEFAULT_NAMESPACE,
+        help="namespace of the reservation pods that hold shared GPUs",
+    ),
+    Setting(
+        name="reservation_image",
+        parse=config.parse_str,
+        default=DEFAULT_IMAGE,
+        help="image of the reservation pods (runs `quotient reserve`; the scheduler's own image)",
+    ),
+    Setting(
+        name="reservation_timeout",
+        parse=config.parse_positive_duration_s,
+        default=60.0,
+        help="how long a reservation pod may take to report its GPU's UUID before it is deleted",
+    ),
+    Setting(
+        name="reservation_drain_grace",
+        parse=config.parse_positive_duration_s,
+        default=2.0,
+        help="how long a reservation pod without sharing pods is kept before it is deleted",
+    ),
+    Setting(
+        name="orphaned_share_policy",
+        parse=config.choice("evict", "report"),
+        default="evict",
+        help="a running sharing pod whose reservation pod vanished: deleted (evict) or only reported",
+    ),
+)
+
+
+def settings_from(values: Mapping[str, object]) -> Settings:
+    """The reservation settings from :data:`SETTINGS` as ``common.config.resolve`` returns them."""
+    return Settings(
+        namespace=str(values["reservation_namespace"]),
+        image=str(values["reservation_image"]),
+        uuid_timeout_s=float(str(values["reservation_timeout"])),
+        drain_grace_s=float(str(values["reservation_drain_grace"])),
+        evict_orphans=str(values["orphaned_share_policy"]) == "evict",
+    )
+
+
+def pod_name(node: str, group: str) -> str:
+    """The reservation pod of ``group`` on ``node``: ``gpu-reservation-<node>-<digest of the group>``, a DNS label."""
+    digest = hashlib.sha256(group.encode()).hexdigest()[:10]
+    stem = re.sub(r"[^a-z0-9-]", "-", node.lower()).strip("-") or "node"
+    room = _NAME_MAX - len("gpu-reservation-") - len(digest) - 1
+    return f"gpu-reservation-{stem[:room].rstrip('-')}-{digest}"
+
+
+def manifest(settings: Settings, *, node: str, group: str) -> dict[str, Any]:
+    """The reservation pod of ``group``: bound to ``node`` by ``spec.nodeName``, one whole GPU, the NVIDIA runtime,
+    and the downward API telling its entry point who it is."""
+    spec: dict[str, Any] = {
+        "nodeName": node,
+        "runtimeClassName": RUNTIME_CLASS,
+        "restartPolicy": "Always",
+        "serviceAccountName": settings.service_account,
+        "terminationGracePeriodSeconds": 5,
+        "tolerations": [{"operator": "Exists"}],
+        "containers": [
+            {
+                "name": "reserve",
+                "image": settings.image,
+                "command": list(RESERVE_COMMAND),
+                "env": [
+                    {"name": "QUOTIENT_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                    {"name": "QUOTIENT_POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                ],
+                "resources": {
+                    "requests": {"nvidia.com/gpu": "1", "cpu": "10m", "memory": "32Mi"},
+                    "limits": {"nvidia.com/gpu": "1", "memory": "128Mi"},
+                },
+            }
+        ],
+    }
+    if settings.priority_class:
+        spec["priorityClassName"] = settings.priority_class
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(node, group),
+            "namespace": settings.namespace,
+            "labels": {GROUP_LABEL: group, APP_LABEL: APP_VALUE, "app.kubernetes.io/part-of": "quotient"},
+            "annotations": {GROUP_ANNOTATION: group},
+        },
+        "spec": spec,
+    }
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
+def is_reservation(pod: Mapping[str, Any]) -> bool:
+    labels = _meta(pod).get("labels")
+    return isinstance(labels, dict) and bool(labels.get(GROUP_LABEL))
+
+
+def read(pod: Mapping[str, Any]) -> Reservation | None:
+    """The reservation a pod is, from its labels, annotations and status; None for any other pod."""
+    meta = _meta(pod)
+    labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
+    annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
+    assert isinstance(labels, dict) and isinstance(annotations, dict)
+    label = labels.get(GROUP_LABEL)
+    if not label:
+        return None
+    group = str(annotations.get(GROUP_ANNOTATION) or label)
+    spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
+    status = pod.get("status") if isinstance(pod.get("status"), dict) else {}
+    assert isinstance(spec, dict) and isinstance(status, dict)
+    uuid = str(annotations.get(UUID_ANNOTATION) or "").strip() or None
+    index_text = str(annotations.get(INDEX_ANNOTATION) or "")
+    index = int(index_text) if index_text.isascii() and index_text.isdigit() else None
+    failed = None
+    if status.get("phase") in ("Failed", "Succeeded"):
+        failed = f"the reservation pod {status.get('phase', '').lower()}" + (
+            f": {status.get('reason')} {status.get('message') or ''}".rstrip() if status.get("reason") else ""
+        )
+    if meta.get("deletionTimestamp"):
+        phase = Phase.DRAINING
+    elif uuid is not None and failed is None:
+        phase = Phase.READY
+    else:
+        phase = Phase.WAITING_FOR_UUID
+    return Reservation(
+        group=group,
+        node=str(spec.get("nodeName") or ""),
+        namespace=str(meta.get("namespace") or ""),
+        name=str(meta.get("name") or ""),
+        uid=str(meta.get("uid") or ""),
+        phase=phase,
+        uuid=uuid,
+        index=index,
+        failed=failed,
+    )
+
+
+# --- What to do: pure -----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Sharer:
+    """A pod of a GPU group as the scheduler's state shows it: bound (or being bound) and not finished."""
+
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    started: bool
+    """Its containers run (phase Running): too late to hand it another device."""
+
+
+class ActionKind(enum.StrEnum):
+    DRAIN = "drain"
+    """No pod shares the group any more: delete the reservation pod."""
+    EXPIRE = "expire"
+    """No UUID within the timeout, or the pod failed: delete it (a waiting bind fails and is retried elsewhere)."""
+    RE_RESERVE = "re-reserve"
+    """The reservation vanished under a sharing pod that has not started: create it again."""
+    EVICT_ORPHAN = "evict-orphan"
+    """The reservation vanished under a running sharing pod: nothing holds its device any more."""
+    REPORT_ORPHAN = "report-orphan"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Action:
+    kind: ActionKind
+    group: str
+    node: str
+    message: str
+    reservation: Reservation | None = None
+    sharer: Sharer | None = None
+
+
+def reconcile(
+    reservations: Mapping[str, Reservation],
+    sharers: Mapping[str, tuple[Sharer, ...]],
+    *,
+    busy: frozenset[str],
+    waiting_since_s: Mapping[str, float],
+    idle_since_s: Mapping[str, float],
+    now_s: float,
+    settings: Settings,
+) -> list[Action]:
+    """The actions that bring reservations and their groups back in line.
+
+    ``busy`` groups are being reserved or bound right now (the binder owns them until it is done);
+    ``waiting_since_s`` says since when each reservation waits for its UUID, ``idle_since_s`` since when each has had
+    no sharing pod (both in the caller's monotonic clock)."""
+    actions: list[Action] = []
+    for group, reservation in sorted(reservations.items()):
+        if reservation.phase in (Phase.DRAINING, Phase.DELETED) or group in busy:
+            continue
+        if reservation.failed is not None:
+            actions.append(_expire(reservation, reservation.failed))
+            continue
+        if reservation.phase is Phase.WAITING_FOR_UUID:
+            since = waiting_since_s.get(group, now_s)
+            if now_s - since >= settings.uuid_timeout_s:
+                actions.append(
+                    _expire(
+                        reservation,
+                        f"no device UUID after {now_s - since:.0f} s (timeout {settings.uuid_timeout_s:g} s)",
+                    )
+                )
+                continue
+        if not sharers.get(group):
+            idle = idle_since_s.get(group, now_s)
+            if now_s - idle >= settings.drain_grace_s:
+                actions.append(
+                    Action(
+                        kind=ActionKind.DRAIN,
+                        group=group,
+                        node=reservation.node,
+                        message=f"the last pod sharing GPU group {group} is gone: releasing the device",
+                        reservation=reservation,
+                    )
+                )
+    for group, members in sorted(sharers.items()):
+        if group in busy or not members:
+            continue
+        held = reservations.get(group)
+        if held is not None and held.phase is not Phase.DELETED:
+            continue
+        pending = [member for member in members if not member.started]
+        if pending and len(pending) == len(members):
+            actions.append(
+                Action(
+                    kind=ActionKind.RE_RESERVE,
+                    group=group,
+                    node=pending[0].node,
+                    message=f"reservation of GPU group {group} vanished before its pods started: reserving anew",
+                    sharer=pending[0],
+                )
+            )
+            continue
+        for member in members:
+            if not member.started:
+                continue  # it follows its running neighbours: the group's device is lost for all of them
+            orphan_kind = ActionKind.EVICT_ORPHAN if settings.evict_orphans else ActionKind.REPORT_ORPHAN
+            actions.append(
+                Action(
+                    kind=orphan_kind,
+                    group=group,
+                    node=member.node,
+                    message=(
+                        f"the reservation pod holding GPU group {group} on {member.node} is gone: nothing keeps its "
+                        "device from being given to another pod"
+                        + ("; deleting the pod" if settings.evict_orphans else "")
+                    ),
+                    sharer=member,
+                )
+            )
+    return actions
+
+
+def _expire(reservation: Reservation, why: str) -> Action:
+    return Action(
+        kind=ActionKind.EXPIRE,
+        group=reservation.group,
+        node=reservation.node,
+        message=f"reservation {reservation.name} on {reservation.node} deleted: {why}",
+        reservation=reservation,
+    )
+
+
+# --- Carrying it out ------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Reserved:
+    group: str
+    uuid: str
+    index: int | None
+    created: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class NotReserved:
+    group: str
+    node: str
+    reason: str
+    """A machine-readable code: ``ReservationTimeout``, ``ReservationFailed``, ``ReservationElsewhere``,
+    ``ReservationDraining``, ``ApiError``."""
+    message: str
+
+
+Transition = Callable[[Reservation, Phase, str, str], None]
+"""Called on every step: the reservation, its new phase, an event reason and a message."""
+
+
+class ReservationManager:
+    """The reservations of the cluster (from the pod watch) and the API calls that create and delete them.
+
+    ``observe``/``removed`` are fed by the scheduler's pod watch; ``reserve`` is awaited by the binder; ``apply`` runs
+    what :func:`reconcile` decided. Every phase change goes to ``on_transition`` (events, decisions, logs).
+    """
+
+    def __init__(
+        self,
+        api: client.KubeApi,
+        settings: Settings,
+        *,
+        on_transition: Transition | None = None,
+        clock_s: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._api = api
+        self.settings = settings
+        self._on_transition = on_transition
+        self._clock_s = clock_s
+        self.reservations: dict[str, Reservation] = {}
+        self.waiting_since_s: dict[str, float] = {}
+        self.idle_since_s: dict[str, float] = {}
+        self._ready: dict[str, asyncio.Future[Reservation]] = {}
+        self._busy: dict[str, int] = {}
+        self.created = 0
+        self.deleted = 0
+
+    async def ensure_namespace(self) -> None:
+        """Create the reservation namespace when it is missing (the deploy manifests make it; the emulator and
+        hand-made clusters may not). A refusal is logged: creating a reservation will then say what is wrong."""
+        try:
+            if await self._api.get(client.NAMESPACES, name=self.settings.namespace) is None:
+                await self._api.create(
+                    client.NAMESPACES,
+                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.settings.namespace}},
+                )
+                log.info("reservation_namespace_created", namespace=self.settings.namespace)
+        except KubeAlreadyExists:
+            pass
+        except KubeError as exc:
+            log.warning("reservation_namespace_unavailable", namespace=self.settings.namespace, error=str(exc))
+
+    # --- from the watch ---
+
+    def observe(self, pod: Mapping[str, Any]) -> None:
+        reservation = read(pod)
+        if reservation is None:
+            return
+        old = self.reservations.get(reservation.group)
+        self.reservations[reservation.group] = reservation
+        if old is None or old.phase is not reservation.phase:
+            if reservation.phase is Phase.WAITING_FOR_UUID:
+                self.waiting_since_s.setdefault(reservation.group, self._clock_s())
+                self._step(
+                    reservation, "ReservationWaitingForUuid", f"waiting for the device UUID on {reservation.node}"
+                )
+            elif reservation.phase is Phase.READY:
+                self.waiting_since_s.pop(reservation.group, None)
+                self._step(
+                    reservation,
+                    "ReservationReady",
+                    f"holds GPU {reservation.index if reservation.index is not None else '?'} ({reservation.uuid}) on "
+                    f"{reservation.node} for GPU group {reservation.group}",
+                )
+            elif reservation.phase is Phase.DRAINING:
+                self._step(reservation, "ReservationDraining", f"releasing the device of GPU group {reservation.group}")
+        if reservation.phase is Phase.READY or reservation.failed is not None:
+            waiter = self._ready.get(reservation.group)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(reservation)
+
+    def removed(self, pod: Mapping[str, Any]) -> None:
+        reservation = read(pod)
+        if reservation is None:
+            return
+        current = self.reservations.get(reservation.group)
+        if current is not None and current.uid not in ("", reservation.uid):
+            return  # an older pod of the group went; the current one stays
+        self.reservations.pop(reservation.group, None)
+        self.waiting_since_s.pop(reservation.group, None)
+        self.idle_since_s.pop(reservation.group, None)
+        self._step(dataclasses.replace(reservation, phase=Phase.DELETED), "ReservationDeleted", "the device is free")
+
+    def _step(self, reservation: Reservation, reason: str, message: str) -> None:
+        log.info(
+            "reservation",
+            group=reservation.group,
+            node=reservation.node,
+            pod=reservation.name,
+            phase=reservation.phase.value,
+            reason=reason,
+        )
+        if self._on_transition is not None:
+            try:
+                self._on_transition(reservation, reservation.phase, reason, message)
+            except Exception:  # a report must never stop a reservation
+                log.exception("reservation_report_failed", group=reservation.group)
+
+    # --- for the binder ---
+
+    @property
+    def busy(self) -> frozenset[str]:
+        return frozenset(group for group, count in self._busy.items() if count > 0)
+
+    def hold(self, group: str) -> None:
+        """Keep reconciliation off ``group`` while a bind uses it (until :meth:`release`)."""
+        self._busy[group] = self._busy.get(group, 0) + 1
+
+    def release(self, group: str) -> None:
+        left = self._busy.get(group, 0) - 1
+        if left > 0:
+            self._busy[group] = left
+        else:
+            self._busy.pop(group, None)
+
+    async def reserve(self, group: str, node: str) -> Reserved | NotReserved:
+        """The device of ``group`` on ``node``: the existing reservation's, or a new reservation's once its UUID
+        arrives (within ``uuid_timeout_s``; else the reservation is deleted and the answer says why)."""
+        current = self.reservations.get(group)
+        if current is not None and current.node != node and current.phase is not Phase.DRAINING:
+            return NotReserved(
+                group=group,
+                node=node,
+                reason="ReservationElsewhere",
+                message=f"GPU group {group} is held on {current.node}, not {node}",
+            )
+        if current is not None and current.phase is Phase.DRAINING:
+            return NotReserved(
+                group=group,
+                node=node,
+                reason="ReservationDraining",
+                message=f"the reservation pod of GPU group {group} on {node} is being deleted",
+            )
+        if current is not None and current.phase is Phase.READY and current.uuid:
+            return Reserved(group=group, uuid=current.uuid, index=current.index, created=False)
+        created = False
+        if current is None:
+            body = manifest(self.settings, node=node, group=group)
+            made: Mapping[str, Any] | None
+            try:
+                made = await self._api.create(client.PODS, body, namespace=self.settings.namespace)
+                created = True
+                self.created += 1
+            except KubeAlreadyExists:
+                made = await self._api.get(
+                    client.PODS, name=body["metadata"]["name"], namespace=self.settings.namespace
+                )
+            except KubeError as exc:
+                return NotReserved(
+                    group=group, node=node, reason="ApiError", message=f"creating the reservation pod: {exc}"
+                )
+            if made is not None:
+                if created:
+                    made_reservation = read(made)
+                    if made_reservation is not None:
+                        self._step(
+                            dataclasses.replace(made_reservation, phase=Phase.CREATING),
+                            "ReservationCreated",
+                            f"reserving a GPU on {node} for GPU group {group}",
+                        )
+                self.observe(made)
+        current = self.reservations.get(group)
+        if current is not None and current.phase is Phase.READY and current.uuid:
+            return Reserved(group=group, uuid=current.uuid, index=current.index, created=created)
+        if current is not None and current.phase is Phase.DRAINING:
+            return NotReserved(
+                group=group,
+                node=node,
+                reason="ReservationDraining",
+                message=f"the reservation pod of GPU group {group} on {node} is still being deleted",
+            )
+        waiter = self._ready.get(group)
+        if waiter is None or waiter.done():
+            waiter = asyncio.get_running_loop().create_future()
+            self._ready[group] = waiter
+        started = self.waiting_since_s.get(group, self._clock_s())
+        left = max(0.0, self.settings.uuid_timeout_s - (self._clock_s() - started))
+        try:
+            reservation = await asyncio.wait_for(asyncio.shield(waiter), timeout=left)
+        except TimeoutError:
+            reservation = None
+        finally:
+            if self._ready.get(group) is waiter and waiter.done():
+                self._ready.pop(group, None)
+        if reservation is not None and reservation.phase is Phase.READY and reservation.uuid:
+            return Reserved(group=group, uuid=reservation.uuid, index=reservation.index, created=created)
+        stuck = self.reservations.get(group)
+        why = (
+            stuck.failed
+            if stuck is not None and stuck.failed
+            else f"no device UUID within {self.settings.uuid_timeout_s:g} s"
+        )
+        if stuck is not None:
+            await self._delete(stuck, "ReservationTimedOut", f"deleted: {why}")
+        return NotReserved(
+            group=group,
+            node=node,
+            reason="ReservationFailed" if stuck is not None and stuck.failed else "ReservationTimeout",
+            message=f"the reservation pod on {node} for GPU group {group} failed: {why}",
+        )
+
+    # --- reconciliation ---
+
+    def note_sharers(self, sharers: Mapping[str, tuple[Sharer, ...]]) -> None:
+        """Track since when each reservation has had no sharing pod (the drain grace counts from then)."""
+        now = self._clock_s()
+        for group in self.reservations:
+            if sharers.get(group):
+                self.idle_since_s.pop(group, None)
+            else:
+                self.idle_since_s.setdefault(group, now)
+
+    def plan(self, sharers: Mapping[str, tuple[Sharer, ...]]) -> list[Action]:
+        self.note_sharers(sharers)
+        return reconcile(
+            self.reservations,
+            sharers,
+            busy=self.busy,
+            waiting_since_s=self.waiting_since_s,
+            idle_since_s=self.idle_since_s,
+            now_s=self._clock_s(),
+            settings=self.settings,
+        )
+
+    async def drain(self, action: Action) -> None:
+        if action.reservation is not None:
+            reason = "ReservationReleased" if action.kind is ActionKind.DRAIN else "ReservationTimedOut"
+            await self._delete(action.reservation, reason, action.message)
+
+    async def _delete(self, reservation: Reservation, reason: str, message: str) -> None:
+        self._step(dataclasses.replace(reservation, phase=Phase.DRAINING), reason, message)
+        try:
+            await self._api.delete(
+                client.PODS, name=reservation.name, namespace=reservation.namespace, uid=reservation.uid or None
+            )
+            self.deleted += 1
+        except KubeNotFound:
+            pass
+        except KubeError as exc:
+            log.warning("reservation_delete_failed", pod=reservation.name, error=str(exc))
+            return
+        current = self.reservations.get(reservation.group)
+        if current is not None and current.uid == reservation.uid:
+            self.reservations[reservation.group] = dataclasses.replace(current, phase=Phase.DRAINING)

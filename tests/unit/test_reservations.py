@@ -1,0 +1,168 @@
+"""Reservation pods: their manifest, reading one back from the API, and what reconciliation decides."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scheduler.kube import binding, reservations
+from scheduler.kube.reservations import ActionKind, Phase, Reservation, Settings, Sharer
+from scheduler.placement import model
+from scheduler.state import snapshot
+
+SETTINGS = Settings(uuid_timeout_s=10.0, drain_grace_s=2.0)
+
+
+def reservation_pod(group: str = "node-a-gpu0-x", *, uuid: str | None = None, **extra: Any) -> dict[str, Any]:
+    pod = reservations.manifest(SETTINGS, node="node-a", group=group)
+    pod["metadata"]["uid"] = "uid-r"
+    if uuid is not None:
+        pod["metadata"]["annotations"][reservations.UUID_ANNOTATION] = uuid
+        pod["metadata"]["annotations"][reservations.INDEX_ANNOTATION] = "3"
+    pod["metadata"].update(extra.pop("metadata", {}))
+    pod.update(extra)
+    return pod
+
+
+def held(phase: Phase, *, group: str = "g", failed: str | None = None) -> Reservation:
+    return Reservation(
+        group=group, node="node-a", namespace="ns", name=f"r-{group}", uid="u", phase=phase, uuid=None, failed=failed
+    )
+
+
+def sharer(uid: str, *, started: bool) -> Sharer:
+    return Sharer(uid=uid, namespace="default", name=uid, node="node-a", started=started)
+
+
+def plan(
+    reservations_by_group: dict[str, Reservation],
+    sharers: dict[str, tuple[Sharer, ...]],
+    *,
+    now_s: float = 100.0,
+    waiting: dict[str, float] | None = None,
+    idle: dict[str, float] | None = None,
+    busy: frozenset[str] = frozenset(),
+    settings: Settings = SETTINGS,
+) -> list[tuple[ActionKind, str]]:
+    actions = reservations.reconcile(
+        reservations_by_group,
+        sharers,
+        busy=busy,
+        waiting_since_s=waiting or {},
+        idle_since_s=idle or {},
+        now_s=now_s,
+        settings=settings,
+    )
+    return [(action.kind, action.group) for action in actions]
+
+
+def test_the_manifest_holds_one_whole_gpu_on_its_node_through_the_nvidia_runtime() -> None:
+    pod = reservations.manifest(SETTINGS, node="node-a", group="node-a-gpu0-x")
+    assert pod["spec"]["nodeName"] == "node-a"
+    assert pod["spec"]["runtimeClassName"] == "nvidia"
+    [container] = pod["spec"]["containers"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert container["command"] == ["quotient", "reserve"]
+    assert pod["metadata"]["namespace"] == "quotient-reservation"
+    assert pod["metadata"]["labels"][reservations.GROUP_LABEL] == "node-a-gpu0-x"
+    assert reservations.GROUP_LABEL == snapshot.RESERVATION_GROUP_LABEL
+
+
+def test_the_pod_name_is_a_dns_label_and_the_same_for_the_same_group() -> None:
+    name = reservations.pod_name("Node_With.Odd-Name" * 5, "group-1")
+    assert len(name) <= 63 and name == name.lower() and name.replace("-", "").isalnum()
+    assert name == reservations.pod_name("Node_With.Odd-Name" * 5, "group-1")
+    assert name != reservations.pod_name("Node_With.Odd-Name" * 5, "group-2")
+
+
+def test_a_reservation_is_read_back_from_its_pod_in_each_phase() -> None:
+    waiting = reservations.read(reservation_pod())
+    assert waiting is not None and waiting.phase is Phase.WAITING_FOR_UUID and waiting.node == "node-a"
+    ready = reservations.read(reservation_pod(uuid="GPU-1"))
+    assert ready is not None and ready.phase is Phase.READY and ready.uuid == "GPU-1" and ready.index == 3
+    draining = reservations.read(reservation_pod(uuid="GPU-1", metadata={"deletionTimestamp": "2026-01-01T00:00:00Z"}))
+    assert draining is not None and draining.phase is Phase.DRAINING
+    failed = reservations.read(reservation_pod(status={"phase": "Failed", "reason": "UnexpectedAdmissionError"}))
+    assert failed is not None and failed.failed is not None and "UnexpectedAdmissionError" in failed.failed
+    assert reservations.read({"metadata": {"name": "other", "labels": {"app": "x"}}}) is None
+
+
+def test_a_reservation_without_sharing_pods_is_drained_only_after_the_grace() -> None:
+    ready = {"g": held(Phase.READY)}
+    assert plan(ready, {}, now_s=101.0, idle={"g": 100.0}) == []
+    assert plan(ready, {}, now_s=102.5, idle={"g": 100.0}) == [(ActionKind.DRAIN, "g")]
+    assert plan(ready, {"g": (sharer("a", started=True),)}, now_s=500.0, idle={}) == []
+
+
+def test_a_reservation_waiting_past_the_timeout_or_failed_expires_and_a_busy_one_is_left_alone() -> None:
+    waiting = {"g": held(Phase.WAITING_FOR_UUID)}
+    members = {"g": (sharer("a", started=False),)}
+    assert plan(waiting, members, now_s=105.0, waiting={"g": 100.0}) == []
+    assert plan(waiting, members, now_s=111.0, waiting={"g": 100.0}) == [(ActionKind.EXPIRE, "g")]
+    assert plan(waiting, members, now_s=111.0, waiting={"g": 100.0}, busy=frozenset({"g"})) == []
+    failed = {"g": held(Phase.WAITING_FOR_UUID, failed="the reservation pod failed")}
+    assert plan(failed, members) == [(ActionKind.EXPIRE, "g")]
+    assert plan({"g": held(Phase.DRAINING)}, {}) == []
+
+
+def test_a_vanished_reservation_is_made_again_for_pods_not_started_and_evicts_or_reports_running_ones() -> None:
+    assert plan({}, {"g": (sharer("a", started=False), sharer("b", started=False))}) == [(ActionKind.RE_RESERVE, "g")]
+    mixed = {"g": (sharer("a", started=True), sharer("b", started=False))}
+    assert plan({}, mixed) == [(ActionKind.EVICT_ORPHAN, "g")]
+    report = Settings(evict_orphans=False)
+    assert plan({}, mixed, settings=report) == [(ActionKind.REPORT_ORPHAN, "g")]
+    assert plan({}, mixed, busy=frozenset({"g"})) == []
+
+
+def test_the_gpu_portion_is_the_share_as_a_decimal_fraction() -> None:
+    assert binding.portion_text(500) == "0.5"
+    assert binding.portion_text(250) == "0.25"
+    assert binding.portion_text(37) == "0.037"
+    assert binding.portion_text(1000) == "1"
+
+
+def test_the_configmap_names_the_devices_and_portion_and_is_owned_by_its_pod() -> None:
+    pod = binding.PodRef(namespace="team", name="infer", uid="uid-1")
+    body = binding.configmap_body(name="infer-gpu-1", pod=pod, uuids=("GPU-a", "GPU-b"), share_milli=250)
+    assert body["data"] == {"NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b", "GPU_PORTION": "0.25"}
+    metadata = body["metadata"]
+    assert isinstance(metadata, dict)
+    assert metadata["namespace"] == "team"
+    assert metadata["ownerReferences"] == [{"apiVersion": "v1", "kind": "Pod", "name": "infer", "uid": "uid-1"}]
+
+
+def _node(gpus: int = 2) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "node-a", "labels": {"nvidia.com/gpu.memory": "81920"}},
+        "status": {"allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}},
+    }
+
+
+def _share(uid: str, group: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "uid": uid,
+            "name": uid,
+            "namespace": "default",
+            "annotations": {
+                "gpu-fraction": "0.5",
+                "quotient.dev/gpu-devices": "0",
+                "quotient.dev/gpu-share": "500",
+                "quotient.dev/gpu-groups": group,
+            },
+            "labels": {"runai-gpu-group": group},
+        },
+        "spec": {"nodeName": "node-a", "containers": [{"name": "main"}]},
+        "status": {"phase": "Running"},
+    }
+
+
+def test_a_reservation_with_shares_is_accounted_through_them_and_one_without_holds_a_whole_device() -> None:
+    reservation = reservation_pod("grp", uuid="GPU-1")
+    reservation["metadata"]["uid"] = "uid-res"
+    with_shares = snapshot.build_node(_node(), [reservation, _share("s1", "grp")], {})
+    assert isinstance(with_shares, model.Node)
+    assert [device.allotted_milli_gpu for device in with_shares.devices] == [500, 0]
+    alone = snapshot.build_node(_node(), [reservation], {})
+    assert isinstance(alone, model.Node)
+    assert [device.allotted_milli_gpu for device in alone.devices] == [1000, 0]
+    assert alone.devices[0].holders == (model.PodUid("uid-res"),)
