@@ -6,7 +6,9 @@ agent over fake GPUs, which run the processes of the pods the emulated kubelets 
 its own process (``quotient scheduler``, serving ``quotient`` and ``kai-scheduler``). Then it applies the users'
 workflows (the seeds' queues and pods from ``../shared/seeds``, else ``deploy/examples``) and plays a scenario: a
 gang that does not fit and binds when a GPU frees, a pod with an invalid ``gpu-fraction``, a GPU's Xid error, NATS
-going away and coming back. A live view shows where each pod landed and why the pending ones wait, and what a
+going away and coming back, and a pod that outgrows its quarter of a GPU until the scheduler raises
+``GpuMemoryOverconsumption`` with its name (the scheduler runs with ``--nats``: live telemetry). A live view shows
+where each pod landed and why the pending ones wait, and what a
 third-party NATS subscriber receives from the agents. ``--keep`` leaves everything running and says how to connect.
 """
 
@@ -93,6 +95,20 @@ spec:
             resources: {limits: {nvidia.com/gpu: "1"}, requests: {cpu: "4", memory: 32Gi}}
 """
 
+GREEDY = """
+apiVersion: v1
+kind: Pod
+metadata:
+  name: greedy
+  namespace: team-b
+  labels: {kai.scheduler/queue: team-b}
+  annotations: {gpu-fraction: "0.25", quotient.dev/sim-gpu-memory: "4Gi@0s,30Gi@3s"}
+spec:
+  schedulerName: quotient
+  containers: [{name: main, image: pytorch/pytorch}]
+"""
+"""A pod given a quarter of a GPU whose memory grows past it: the scheduler raises GpuMemoryOverconsumption."""
+
 INVALID = """
 apiVersion: v1
 kind: Pod
@@ -113,6 +129,7 @@ class Telemetry:
 
     nodes: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     health: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    alerts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     counts: dict[str, int] = dataclasses.field(default_factory=dict)
     undecodable: int = 0
 
@@ -123,6 +140,9 @@ class Telemetry:
             message = msgpack.unpackb(data, raw=False)
         except (ValueError, msgpack.UnpackException):
             self.undecodable += 1
+            return
+        if kind == "alerts" and isinstance(message, dict):
+            self.alerts.append(message)  # the scheduler's alerts: name, state, pod, node, device and numbers
             return
         node = subjects.node_of(subject)
         if not isinstance(message, dict) or node is None:
@@ -197,8 +217,22 @@ def render(emulator: Emulator, telemetry: Telemetry, *, elapsed_s: float, notes:
             )
         problems = "; ".join(str(p.get("message")) for p in (telemetry.health.get(node) or {}).get("problems") or [])
         lines.append(f"  {node:<7} health {status}{': ' + problems if problems else ''}")
+    lines += ["", "Alerts from the scheduler (quotient.v1.alerts.<name>, newest last):"]
+    lines += [f"  {alert_line(alert)}" for alert in telemetry.alerts[-6:]] or ["  none yet"]
     lines += ["", *notes[-8:]]
     return "\n".join(lines)
+
+
+def alert_line(alert: dict[str, Any]) -> str:
+    """One alert as a line: state, name, subject and, for over-consumption, used against allotted."""
+    pod = f"{alert.get('pod_namespace')}/{alert.get('pod_name')} " if alert.get("pod_name") else ""
+    where = f"{pod}on {alert.get('node_name')}" + (
+        f" gpu {alert.get('gpu_index')}" if alert.get("gpu_index") is not None else ""
+    )
+    numbers = ""
+    if isinstance(alert.get("used_bytes"), int) and isinstance(alert.get("allotted_bytes"), int):
+        numbers = f": uses {_gib(alert.get('used_bytes'))} GiB of {_gib(alert.get('allotted_bytes'))} GiB allotted"
+    return f"{str(alert.get('state', '?')).upper():<8} {alert.get('name')} {where}{numbers}"
 
 
 def emulator_event(emulator: Emulator, meta: dict[str, Any]) -> str:
@@ -270,6 +304,13 @@ async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Cal
             "--no-webhook",
             "--metrics-port",
             "0",
+            # Live telemetry: measured headroom, and alerts on NATS that the viewer below prints.
+            "--nats",
+            nats.url,
+            "--overuse-grace",
+            "3s",
+            "--telemetry-stale-floor",
+            "5s",
         ],
         stdout=scheduler_log.open("w"),
         stderr=asyncio.subprocess.STDOUT,
@@ -306,6 +347,11 @@ async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Cal
             at_s=28 * scale,
             note='team-b submits a pod with gpu-fraction "1.7": refused with the reason',
             action=lambda: later(INVALID),
+        ),
+        Step(
+            at_s=32 * scale,
+            note="team-b's pod 'greedy' gets 0.25 of a GPU and grows to 30 GiB: GpuMemoryOverconsumption names it",
+            action=lambda: later(GREEDY),
         ),
         Step(at_s=45 * scale, note="gpu-pod ends: a GPU frees, the gang fits and binds whole", action=free_a_gpu),
         Step(
@@ -374,10 +420,18 @@ async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Cal
         gang = [p for p in bound if _meta(p).get("name", "").startswith("big-train-worker")]
         ok = telemetry.counts.get("telemetry", 0) > 0 and telemetry.undecodable == 0 and len(gang) == 4
         gang_state = "whole" if len(gang) == 4 else "NOT bound"
+        overuse = [
+            alert
+            for alert in telemetry.alerts
+            if alert.get("name") == "GpuMemoryOverconsumption" and alert.get("state") == "firing"
+        ]
+        if overuse:
+            out(f"\nover-consumption alert received on NATS: {alert_line(overuse[0])}")
         out(
             f"\ndemo finished: {len(bound)} pods bound (the 4-worker gang {gang_state}), "
             f"{telemetry.counts.get('telemetry', 0)} telemetry and {telemetry.counts.get('health', 0)} health "
-            f"messages received, {telemetry.undecodable} undecodable; everything stopped."
+            f"messages received, {len(telemetry.alerts)} alerts, {telemetry.undecodable} undecodable; "
+            "everything stopped."
         )
         return 0 if ok else 1
     finally:

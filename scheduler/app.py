@@ -28,20 +28,37 @@ from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from common import config, logs, wire
+from common import config, logs, quantities, wire
 from common.config import Setting
 from common.errors import BusError, ConfigError, QuotientError
 from common.httpendpoint import HttpEndpoint, Response
 from common.natsconn import NatsBus
-from scheduler import audit
-from scheduler.kube import binding, client, events, grouper, grouping, leases, statuswriter, watches, webhook
+from scheduler import alerts, audit
+from scheduler.kube import (
+    binding,
+    client,
+    events,
+    grouper,
+    grouping,
+    leases,
+    reservations,
+    statuswriter,
+    watches,
+    webhook,
+)
 from scheduler.kube.errors import KubeError
 from scheduler.metrics import CONTENT_TYPE, SchedulerMetrics
-from scheduler.placement import cycle, model, plan
-from scheduler.state import cache, snapshot
+from scheduler.placement import cycle, decisions, model, plan
+from scheduler.state import cache, objects, snapshot
+from scheduler.telemetry import consumer as telemetry_consumer
+from scheduler.telemetry import live, overuse
 
 log = logs.get("scheduler")
 
+RESERVATION_RECONCILE_S = 0.5
+QUARANTINE_MIN_S = 30.0
+"""A node where a reservation pod got no GPU takes no new pods for at least this long (or the UUID timeout)."""
+"""How often reservations are reconciled with their groups (drains, timeouts, vanished reservations)."""
 QUEUE_STATUS_PERIOD_S = 2.0
 """Queue status sums every running pod of the subtree: written at most this often, not after every cycle."""
 
@@ -51,6 +68,107 @@ def _names(raw: object) -> tuple[str, ...]:
     if not names:
         raise ValueError("at least one scheduler name is needed")
     return names
+
+
+def _bytes(raw: object) -> int:
+    value = quantities.parse_bytes(raw if isinstance(raw, int) else str(raw))
+    if value < 0:
+        raise ValueError(f"{raw!r} must not be negative")
+    return value
+
+
+def _percent(raw: object) -> int:
+    text = str(raw).strip().removesuffix("%")
+    if not (text.isascii() and text.isdigit()) or int(text) > 100:
+        raise ValueError(f"{raw!r} is not a whole percentage within 0..100")
+    return int(text)
+
+
+TELEMETRY_SETTINGS: tuple[Setting[object], ...] = (
+    Setting(
+        name="overuse_policy",
+        parse=config.choice(*(policy.value for policy in overuse.OverusePolicy)),
+        default=overuse.OverusePolicy.ALERT.value,
+        help="what a pod over its GPU memory allotment gets, unless its Queue's quotient.dev/overuse-policy says",
+    ),
+    Setting(
+        name="overuse_grace",
+        parse=config.parse_positive_duration_s,
+        default=30.0,
+        help="how long a pod stays over its allotment (or memory of no pod stays) before the alert fires",
+    ),
+    Setting(
+        name="overuse_evict_grace",
+        parse=config.parse_positive_duration_s,
+        default=60.0,
+        help="under the evict policy, how long the over-consumption alert fires before the pod is evicted",
+    ),
+    Setting(
+        name="overuse_tolerance",
+        parse=_bytes,
+        default=512 * quantities.MIB,
+        help="bytes a pod may use above its allotment without alerting (allocators round up, CUDA contexts)",
+    ),
+    Setting(
+        name="overuse_tolerance_percent",
+        parse=_percent,
+        default=5,
+        help="the same slack as a percentage of the allotment; the larger of the two applies",
+    ),
+    Setting(
+        name="unattributed_threshold",
+        parse=_bytes,
+        default=quantities.GIB,
+        help="GPU memory of processes of no pod on one device above which UnattributedGpuMemory fires",
+    ),
+    Setting(
+        name="ghost_grace",
+        parse=config.parse_positive_duration_s,
+        default=300.0,
+        help="how long a Running pod may hold a GPU with no process on it before GhostAllocation fires",
+    ),
+    Setting(
+        name="telemetry_stale_floor",
+        parse=config.parse_positive_duration_s,
+        default=10.0,
+        help="a node's telemetry is stale after max(3 x its interval, this floor)",
+    ),
+    Setting(
+        name="headroom_window",
+        parse=config.parse_positive_duration_s,
+        default=30.0,
+        help="window of the peak of used GPU memory that placement subtracts from a device",
+    ),
+    Setting(
+        name="headroom_margin",
+        parse=_bytes,
+        default=model.DEFAULT_CONFIG.headroom_margin_bytes,
+        help="GPU memory kept free on top of the measured peak",
+    ),
+)
+
+
+def _ns(seconds: object) -> int:
+    return int(float(str(seconds)) * quantities.NS_PER_S)
+
+
+def live_settings_from(values: Mapping[str, object], *, queue_label: str) -> live.LiveSettings:
+    """The telemetry analysis' settings from resolved ``TELEMETRY_SETTINGS`` values."""
+    detector = overuse.Settings(
+        tolerance_bytes=int(str(values["overuse_tolerance"])),
+        tolerance_percent=int(str(values["overuse_tolerance_percent"])),
+        grace_ns=_ns(values["overuse_grace"]),
+        evict_grace_ns=_ns(values["overuse_evict_grace"]),
+        ghost_threshold_ns=_ns(values["ghost_grace"]),
+        unattributed_threshold_bytes=int(str(values["unattributed_threshold"])),
+        default_policy=overuse.OverusePolicy(str(values["overuse_policy"])),
+    )
+    return live.LiveSettings(
+        detector=detector,
+        stale_floor_ns=_ns(values["telemetry_stale_floor"]),
+        headroom_window_ns=_ns(values["headroom_window"]),
+        queue_label=queue_label,
+    )
 
 
 SETTINGS: tuple[Setting[object], ...] = (
@@ -79,6 +197,7 @@ SETTINGS: tuple[Setting[object], ...] = (
     Setting(
         name="nats_nkey_seed", parse=config.parse_existing_file, default=None, help="the scheduler's nkey seed file"
     ),
+    *TELEMETRY_SETTINGS,
     Setting(name="metrics_port", parse=config.parse_port, default=8080, help="port of /metrics and /healthz (0: off)"),
     Setting(name="metrics_host", parse=config.parse_str, default="0.0.0.0", help="address /metrics listens on"),
     Setting(name="leader_elect", parse=config.parse_bool, default=True, help="elect a leader through a Lease"),
@@ -110,6 +229,7 @@ SETTINGS: tuple[Setting[object], ...] = (
         name="cpu_strategy", parse=config.choice("binpack", "spread"), default="binpack", help="node order for CPU pods"
     ),
     *webhook.SETTINGS,
+    *reservations.SETTINGS,
     *config.LOG_SETTINGS,
 )
 
@@ -131,6 +251,9 @@ class Settings:
     nats_seed: Path | None
     engine_config: model.Config
     webhook: webhook.WebhookSettings
+    reservation: reservations.Settings = dataclasses.field(default_factory=reservations.Settings)
+    telemetry: live.LiveSettings | None = None
+    """The telemetry analysis (over-consumption, staleness, headroom); used when ``nats`` is set."""
 
 
 def settings_from(values: Mapping[str, object]) -> Settings:
@@ -156,6 +279,7 @@ def settings_from(values: Mapping[str, object]) -> Settings:
         gpu_strategy=model.Strategy(str(values["gpu_strategy"])),
         cpu_strategy=model.Strategy(str(values["cpu_strategy"])),
         stale_gang_grace_ns=int(float(str(values["stale_gang_grace"])) * 1_000_000_000),
+        headroom_margin_bytes=int(str(values["headroom_margin"])),
     )
     return Settings(
         kubeconfig=str(values["kubeconfig"]) if values["kubeconfig"] else None,
@@ -173,6 +297,8 @@ def settings_from(values: Mapping[str, object]) -> Settings:
         nats_seed=Path(str(values["nats_nkey_seed"])) if values["nats_nkey_seed"] else None,
         engine_config=engine_config,
         webhook=webhook.settings_from(values),
+        reservation=reservations.settings_from(values),
+        telemetry=live_settings_from(values, queue_label=str(values["queue_label"])),
     )
 
 
@@ -190,6 +316,7 @@ class Scheduler:
         metrics: SchedulerMetrics,
         *,
         decisions: audit.DecisionPublisher | None = None,
+        bus: NatsBus | None = None,
     ) -> None:
         self.api = api
         self.decisions = decisions
@@ -197,10 +324,25 @@ class Scheduler:
         self.settings = settings
         self.metrics = metrics
         self.state = cache.ClusterState(scheduler_names=settings.scheduler_names)
-        self.builder = snapshot.SnapshotBuilder(self.state, config=settings.engine_config)
+        # Live telemetry (with NATS): measured headroom for the snapshot, alerts three ways, evict-policy evictions.
+        self.live = live.LiveTelemetry(settings.telemetry) if bus is not None and settings.telemetry else None
+        self.consumer = telemetry_consumer.TelemetryConsumer(bus=bus) if bus is not None and self.live else None
+        self.builder = snapshot.SnapshotBuilder(self.state, config=settings.engine_config, measured=self.live)
         self.engine = cycle.Engine()
         self.recorder = events.EventRecorder(api, component="quotient-scheduler", instance=settings.election.identity)
-        self.binder = binding.Binder(api, report=self._on_report, concurrency=settings.bind_concurrency)
+        self.alerts = alerts.AlertSink(
+            metrics=metrics, recorder=self.recorder, bus=bus, identity=settings.election.identity
+        )
+        self._evict_reasons: dict[str, str] = {}
+        """Pods being evicted for a reason of the telemetry (its Decision says so), by uid."""
+        self._counted_nodes: Mapping[model.NodeName, model.Node] | None = None
+        self.reservations = reservations.ReservationManager(
+            api, settings.reservation, on_transition=self._reservation_step
+        )
+        self.binder = binding.Binder(
+            api, report=self._on_report, concurrency=settings.bind_concurrency, reservations=self.reservations
+        )
+        self._background: set[asyncio.Task[None]] = set()
         self.grouper = grouper.Grouper(
             api,
             queue_label=settings.queue_label,
@@ -222,6 +364,261 @@ class Scheduler:
 
     async def _event(self, obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         self.recorder.record(events.ObjectRef.of(obj), type=events.EventType(type_), reason=reason, message=message)
+
+    # --- reservation pods -----------------------------------------------------------------------------------------
+
+    def _reservation_step(
+        self, reservation: reservations.Reservation, phase: reservations.Phase, reason: str, message: str
+    ) -> None:
+        """Every step of a reservation's life: an Event on its pod and, for creation and deletion, a Decision."""
+        ref = events.ObjectRef(
+            api_version="v1", kind="Pod", name=reservation.name, namespace=reservation.namespace, uid=reservation.uid
+        )
+        warning = reason in ("ReservationTimedOut",) or reservation.failed is not None
+        self.recorder.record(
+            ref, type=events.EventType.WARNING if warning else events.EventType.NORMAL, reason=reason, message=message
+        )
+        self._mark()
+        if self.decisions is None or phase not in (reservations.Phase.CREATING, reservations.Phase.DELETED):
+            return
+        self._spawn(
+            self.decisions.publish(
+                action=wire.DecisionAction.RESERVE
+                if phase is reservations.Phase.CREATING
+                else wire.DecisionAction.UNRESERVE,
+                namespace=reservation.namespace,
+                name=reservation.name,
+                uid=reservation.uid or "unknown",
+                node=reservation.node or None,
+                gpu_indices=(reservation.index,) if reservation.index is not None else (),
+                gpu_group=reservation.group[:253],
+                reason=reason,
+                message=message,
+                cycle=self.cycles,
+            )
+        )
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def sharers(self) -> dict[str, tuple[reservations.Sharer, ...]]:
+        """The pods of every GPU group: bound or being bound, not finished."""
+        found: dict[str, list[reservations.Sharer]] = {}
+        for uid, pod in self.state.pods.items():
+            meta = pod.get("metadata") or {}
+            assumption = self.state.assumed.get(uid)
+            groups = assumption.gpu_groups if assumption is not None else objects.pod_gpu_groups(pod)
+            if not groups:
+                continue
+            status = pod.get("status") or {}
+            if status.get("phase") in ("Succeeded", "Failed"):
+                continue
+            node = assumption.node if assumption is not None else str((pod.get("spec") or {}).get("nodeName") or "")
+            if not node:
+                continue
+            sharer = reservations.Sharer(
+                uid=uid,
+                namespace=str(meta.get("namespace") or "default"),
+                name=str(meta.get("name") or ""),
+                node=node,
+                started=status.get("phase") == "Running",
+            )
+            for group in groups:
+                found.setdefault(group, []).append(sharer)
+        return {group: tuple(members) for group, members in found.items()}
+
+    async def reconcile_reservations(self) -> None:
+        """One round: drain reservations without pods, expire stuck ones, handle pods whose reservation vanished."""
+        for action in self.reservations.plan(self.sharers()):
+            kind = action.kind
+            if kind in (reservations.ActionKind.DRAIN, reservations.ActionKind.EXPIRE):
+                await self.reservations.drain(action)
+            elif kind is reservations.ActionKind.RE_RESERVE:
+                self._spawn(self._re_reserve(action))
+            elif action.sharer is not None:
+                await self._orphaned(action, action.sharer)
+
+    async def _re_reserve(self, action: reservations.Action) -> None:
+        self.reservations.hold(action.group)
+        try:
+            held = await self.reservations.reserve(action.group, action.node)
+            for sharer in self.sharers().get(action.group, ()):
+                pod = self.state.pods.get(sharer.uid)
+                if pod is None:
+                    continue
+                ref = events.ObjectRef.of(pod)
+                if isinstance(held, reservations.NotReserved):
+                    self.recorder.record(
+                        ref, type=events.EventType.WARNING, reason="GpuReservationLost", message=held.message
+                    )
+                    continue
+                self.recorder.record(ref, type=events.EventType.NORMAL, reason="GpuReserved", message=action.message)
+                await self._rewire(pod, sharer, action.group, held.uuid)
+        finally:
+            self.reservations.release(action.group)
+
+    async def _rewire(self, pod: Mapping[str, Any], sharer: reservations.Sharer, group: str, uuid: str) -> None:
+        """A pod not yet started gets its group's new device: ConfigMap and annotation (read when it starts)."""
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        groups = objects.pod_gpu_groups(pod)
+        uuids = [part for part in str(annotations.get(binding.GPU_UUIDS_ANNOTATION) or "").split(",") if part]
+        uuids += [""] * (len(groups) - len(uuids))
+        if group in groups:
+            uuids[groups.index(group)] = uuid
+        visible = ",".join(uuids) or uuid
+        share = str(annotations.get(objects.GPU_SHARE_ANNOTATION) or "0")
+        try:
+            configmap = annotations.get(webhook.CONFIGMAP_ANNOTATION)
+            if configmap:
+                portion = binding.portion_text(int(share) if share.isascii() and share.isdigit() else 0)
+                await self.api.patch(
+                    client.CONFIG_MAPS,
+                    {"data": {binding.VISIBLE_DEVICES_KEY: visible, binding.GPU_PORTION_KEY: portion}},
+                    name=str(configmap),
+                    namespace=sharer.namespace,
+                )
+            await self.api.patch(
+                client.PODS,
+                {"metadata": {"annotations": {binding.GPU_UUIDS_ANNOTATION: visible}}},
+                name=sharer.name,
+                namespace=sharer.namespace,
+            )
+        except KubeError as exc:
+            log.warning("rewire_failed", pod=f"{sharer.namespace}/{sharer.name}", error=str(exc))
+
+    async def _orphaned(self, action: reservations.Action, sharer: reservations.Sharer) -> None:
+        pod = self.state.pods.get(sharer.uid)
+        if pod is None or sharer.uid in self._evicting:
+            return
+        self.recorder.record(
+            events.ObjectRef.of(pod), type=events.EventType.WARNING, reason="GpuReservationLost", message=action.message
+        )
+        if action.kind is not reservations.ActionKind.EVICT_ORPHAN:
+            return
+        self._evicting.add(sharer.uid)
+        self.metrics.evictions.labels("ReservationLost").inc()
+        try:
+            await self.api.evict_pod(
+                namespace=sharer.namespace,
+                name=sharer.name,
+                uid=sharer.uid,
+                reason="TerminationByScheduler",
+                message=action.message,
+            )
+        except KubeError as exc:
+            self._evicting.discard(sharer.uid)
+            log.warning("orphan_eviction_failed", pod=f"{sharer.namespace}/{sharer.name}", error=str(exc))
+            return
+        if self.decisions is not None:
+            await self.decisions.publish(
+                action=wire.DecisionAction.EVICT,
+                namespace=sharer.namespace,
+                name=sharer.name,
+                uid=sharer.uid,
+                node=sharer.node,
+                gpu_group=action.group[:253],
+                reason="GpuReservationLost",
+                message=action.message,
+                cycle=self.cycles,
+            )
+
+    async def _reservation_loop(self) -> None:
+        while True:
+            await asyncio.sleep(RESERVATION_RECONCILE_S)
+            if not self.ready:
+                continue
+            try:
+                await self.reconcile_reservations()
+            except KubeError as exc:
+                log.warning("reservation_reconcile_failed", error=str(exc))
+
+    # --- live telemetry ----------------------------------------------------------------------------------------
+
+    async def _telemetry_loop(self) -> None:
+        """Apply the consumer's changes to the live analysis (coalesced like cycles), sweep for staleness on a
+        timer, and send what follows: alerts, evictions, metrics, and a cycle when measured headroom moved."""
+        assert self.consumer is not None and self.live is not None and self.settings.telemetry is not None
+        consumer, telemetry = self.consumer, self.live
+        # A node is stale after max(3 x interval, floor): checking at a quarter of the floor (at most every second)
+        # notices it within a fraction of the threshold.
+        period_s = max(0.05, min(1.0, self.settings.telemetry.stale_floor_ns / quantities.NS_PER_S / 4))
+        next_check = 0.0
+        loop = asyncio.get_running_loop()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(consumer.changed.wait(), timeout=max(0.0, next_check - loop.time()))
+            changes = consumer.take_changes()
+            now_ns = time.time_ns()
+            if changes.telemetry or changes.forgotten:
+                latest = consumer.latest()
+                samples = [
+                    overuse.NodeSample(telemetry=latest[node].telemetry, received_ns=latest[node].received_ns)
+                    for node in sorted(changes.telemetry)
+                    if node in latest
+                ]
+                self._telemetry_result(
+                    telemetry.apply(samples, state=self.state, now_ns=now_ns, forgotten=changes.forgotten)
+                )
+            if loop.time() >= next_check:
+                next_check = loop.time() + period_s
+                self._telemetry_result(telemetry.check(now_ns=now_ns))
+                self.metrics.set_telemetry_ages(telemetry.ages_s(now_ns=now_ns))
+                self._count_telemetry()
+            await asyncio.sleep(self.settings.cycle_debounce_s)
+
+    def _telemetry_result(self, result: live.LiveResult) -> None:
+        self.alerts.send(result.transitions)
+        for node, rows in result.rows.items():
+            self.metrics.set_node_rows(node, rows)
+        for node in result.forgotten:
+            self.metrics.forget_node(node)
+        self.metrics.count_rejected("foreign_claim", result.foreign_claims)
+        for problem in result.policy_problems:
+            log.warning("overuse_policy_invalid", annotation=problem.annotation, message=problem.message)
+        for eviction in result.evictions:
+            self._evict_overuse(eviction)
+        if result.headroom_changed:
+            self._mark()
+
+    def _count_telemetry(self) -> None:
+        if self.consumer is None:
+            return
+        counters = self.consumer.counters
+        rejected = {reason.value: count for reason, count in counters.rejected.items()}
+        rejected["buffer_full"] = counters.dropped_buffer_full
+        rejected["node_limit"] = counters.dropped_node_limit
+        self.metrics.count_telemetry(accepted=counters.accepted_telemetry + counters.accepted_health, rejected=rejected)
+
+    def _evict_overuse(self, eviction: overuse.Eviction) -> None:
+        """A pod over its allotment past the evict grace under the ``evict`` policy: through the binder's eviction
+        path, with an Event now and a Decision when the API confirms."""
+        pod = self.state.pods.get(eviction.pod_uid)
+        if pod is None or eviction.pod_uid in self._evicting:
+            return
+        self._evicting.add(eviction.pod_uid)
+        self._evict_reasons[eviction.pod_uid] = eviction.reason
+        group = self.state.group_of(pod)
+        ref = binding.PodRef(namespace=eviction.pod_namespace, name=eviction.pod_name, uid=eviction.pod_uid)
+        self.metrics.evictions.labels(eviction.reason).inc()
+        self.binder.submit_evict(
+            ref,
+            decisions.Eviction(
+                pod=model.PodUid(eviction.pod_uid),
+                group=snapshot.group_id(*group) if group is not None else model.GroupId(eviction.pod_uid),
+                node=model.NodeName(eviction.node),
+                # No beneficiary and no room to make: the scheduler ends the pod on its queue's overuse policy
+                # (disruption condition TerminationByScheduler).
+                reason=decisions.EvictionReason.OVERUSE,
+                beneficiary=None,
+                message=eviction.message,
+            ),
+        )
+        self.recorder.record(
+            events.ObjectRef.of(pod), type=events.EventType.WARNING, reason="Evict", message=eviction.message
+        )
+        log.warning("overuse_eviction", pod=f"{eviction.pod_namespace}/{eviction.pod_name}", message=eviction.message)
 
     def _grouped(self, uid: str, name: str) -> None:
         self.state.note_group(uid, name)
@@ -245,6 +642,11 @@ class Scheduler:
             obj = event.obj
             deleted = isinstance(event, watches.Deleted)
             if kind == "pods":
+                if reservations.is_reservation(obj):
+                    if deleted:
+                        self.reservations.removed(obj)
+                    else:
+                        self.reservations.observe(obj)
                 if deleted:
                     self.state.delete_pod(_uid(obj))
                     self._evicting.discard(_uid(obj))
@@ -330,7 +732,8 @@ class Scheduler:
             extra = {}
             if cache.group_key(pod) is None and uid in self.state.decided:
                 extra[cache.POD_GROUP_ANNOTATION] = self.state.decided[uid]
-            self.binder.submit_bind(ref, placement, groups, extra)
+            configmap = (meta.get("annotations") or {}).get(webhook.CONFIGMAP_ANNOTATION)
+            self.binder.submit_bind(ref, placement, groups, extra, configmap=str(configmap) if configmap else None)
         for nomination in result.nominations:
             uid = str(nomination.pod)
             pod = self.state.pods.get(uid)
@@ -358,6 +761,7 @@ class Scheduler:
         for group_status in result.statuses.values():
             counts[group_status.reason.value] = counts.get(group_status.reason.value, 0) + 1
         self.metrics.set_pending(counts)
+        self._cluster_metrics(built.snapshot, result)
         rejected: dict[str, int] = {}
         for issue in built.pod_issues:
             rejected[issue.reason] = rejected.get(issue.reason, 0) + 1
@@ -375,6 +779,25 @@ class Scheduler:
                 snapshot_ms=round((built_at - started) * 1000, 2),
                 engine_ms=round((engine_at - built_at) * 1000, 2),
             )
+
+    def _cluster_metrics(self, snap: model.Snapshot, result: plan.Plan) -> None:
+        """GPUs total and allocated (recounted only when the nodes mapping changed), and per queue how long its
+        oldest pending group has waited."""
+        if snap.nodes is not self._counted_nodes:
+            self._counted_nodes = snap.nodes
+            total = allocated = 0
+            for node in snap.nodes.values():
+                total += len(node.devices) * model.MILLI_GPU_PER_DEVICE
+                allocated += sum(device.allotted_milli_gpu for device in node.devices)
+            self.metrics.set_cluster_gpus(total_milli=total, allocated_milli=allocated)
+        oldest: dict[str, float] = dict.fromkeys((str(name) for name in snap.queues), 0.0)
+        for group_id in result.statuses:
+            group = snap.groups.get(group_id)
+            if group is None:
+                continue
+            waited_s = max(0, snap.now_ns - group.created_ns) / quantities.NS_PER_S
+            oldest[str(group.queue)] = max(oldest.get(str(group.queue), 0.0), waited_s)
+        self.metrics.set_oldest_pending(oldest)
 
     async def _write_status(self) -> None:
         if self._pending_write is None:
@@ -416,6 +839,7 @@ class Scheduler:
                 fair=(share.fair.milli_gpu, share.fair.milli_cpu, share.fair.memory_bytes),
                 deserved=(share.deserved.milli_gpu, share.deserved.milli_cpu, share.deserved.memory_bytes),
                 quota=(queue.gpu.quota, queue.cpu.quota, queue.memory.quota),
+                limit=(queue.gpu.limit, queue.cpu.limit, queue.memory.limit),
                 allocated=current.allocated,
                 requested=current.requested,
             )
@@ -425,6 +849,7 @@ class Scheduler:
         uid = report.pod.uid
         started = self._bind_started.pop(uid, None)
         placing = self._placing.pop(uid, None)
+        evicted_for = self._evict_reasons.pop(uid, None) if report.outcome is not binding.Outcome.BOUND else None
         if self.decisions is not None and report.outcome in (binding.Outcome.BOUND, binding.Outcome.EVICTED):
             devices, gpu_group, queue, cycle_number = placing or ((), None, None, self.cycles)
             await self.decisions.publish(
@@ -438,7 +863,7 @@ class Scheduler:
                 gpu_indices=devices,
                 gpu_group=gpu_group,
                 queue=queue,
-                reason="Scheduled" if report.outcome is binding.Outcome.BOUND else "Evicted",
+                reason="Scheduled" if report.outcome is binding.Outcome.BOUND else evicted_for or "Evicted",
                 message=report.message,
                 cycle=cycle_number,
             )
@@ -453,6 +878,18 @@ class Scheduler:
             return
         self.state.forget(uid)
         self._mark()
+        if (
+            report.outcome is binding.Outcome.NOT_RESERVED
+            and report.node
+            and report.reason
+            in (
+                "ReservationTimeout",
+                "ReservationFailed",
+            )
+        ):
+            # The node could not hold a GPU for a share (its device plugin or NVML is failing): place elsewhere.
+            cool_off_s = max(QUARANTINE_MIN_S, self.settings.reservation.uuid_timeout_s)
+            self.builder.quarantine(report.node, until_ns=time.time_ns() + int(cool_off_s * 1e9))
         pod = self.state.pods.get(uid)
         if report.outcome is not binding.Outcome.GONE and pod is not None:
             log.warning(
@@ -513,6 +950,7 @@ class Scheduler:
             ),
         ]
         self.metrics.leader.set(1)
+        await self.reservations.ensure_namespace()
         try:
             async with asyncio.TaskGroup() as group:
                 for reflector in reflectors:
@@ -520,7 +958,14 @@ class Scheduler:
                 group.create_task(self.recorder.run())
                 group.create_task(self._cycle_loop())
                 group.create_task(self._status_loop())
+                group.create_task(self._reservation_loop())
+                group.create_task(self.alerts.run())
+                if self.consumer is not None:
+                    group.create_task(self.consumer.run())
+                    group.create_task(self._telemetry_loop())
         finally:
+            for task in list(self._background):
+                task.cancel()
             self.metrics.leader.set(0)
             await self.binder.cancel()
             await self.grouper.cancel()
@@ -569,7 +1014,7 @@ async def serve(settings: Settings) -> None:
     try:
 
         async def lead() -> None:
-            scheduler = Scheduler(api, settings, metrics, decisions=decisions)
+            scheduler = Scheduler(api, settings, metrics, decisions=decisions, bus=bus)
             current["scheduler"] = scheduler
             try:
                 await scheduler.run()

@@ -356,4 +356,5 @@ _DISRUPTION_REASONS: dict[decisions.EvictionReason, str] = {
     decisions.EvictionReason.PREEMPT: "PreemptionByScheduler",
     decisions.EvictionReason.CONSOLIDATE: "PreemptionByScheduler",
     decisions.EvictionReason.STALE_GANG: "TerminationByScheduler",
+    decisions.EvictionReason.OVERUSE: "TerminationByScheduler",
 }

@@ -34,6 +34,8 @@ class EvictionReason(enum.StrEnum):
     PREEMPT = "preempt"
     CONSOLIDATE = "consolidate"
     STALE_GANG = "stale-gang"
+    OVERUSE = "overuse"
+    """Used more GPU memory than allotted past the evict grace, in a queue whose overuse policy is ``evict``."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -4,6 +4,11 @@ A ``model.Node`` is rebuilt only when its generation moved (the node, or a pod b
 a ``model.Group`` only when one of its pods or its PodGroup did; everything else is the very object of the previous
 snapshot, which is what lets the engine's indexes skip it. Queues are re-read when the topology version moves.
 
+Measured headroom (DESIGN.md, "Telemetry in decisions") comes from a ``MeasuredDevices`` source (the live telemetry):
+each device gets its measured fields through ``headroom.measured``, and only the nodes the source reports changed
+are re-overlaid, on top of the request-based node kept from the last rebuild, so telemetry arriving every interval
+from every node does not cost a rebuild of every node per cycle.
+
 What cannot be read becomes a reported problem, never a crash and never a silent drop: a pod whose GPU annotations
 are invalid (where no webhook refused it) is left out of its group and reported with the reason; a Queue with a
 malformed spec, a missing parent or a parent cycle is left out with a condition, and its groups then wait with
@@ -14,13 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from common.resources import Resources
 from scheduler.kube import gpurequest, grouping
 from scheduler.placement import model
 from scheduler.state import objects
 from scheduler.state.cache import Assumption, ClusterState
+from scheduler.telemetry import headroom
 
 SUBGROUP_LABEL = "kai.scheduler/subgroup-name"
 RESERVATION_GROUP_LABEL = "quotient.dev/gpu-group-reservation"
@@ -51,6 +57,29 @@ class Built:
     pod_issues: tuple[PodIssue, ...]
     podgroups: Mapping[model.GroupId, tuple[str, str]]
     """Each group's PodGroup (namespace, name), for status writing."""
+
+
+class MeasuredDevices(Protocol):
+    """Where measured device views come from (``telemetry.live.LiveTelemetry``)."""
+
+    def device_views(self, node: str) -> Mapping[int, headroom.DeviceView] | None:
+        """Each device's view by index; None for a node never heard from (accounted by requests alone)."""
+        ...
+
+    def take_changed(self) -> frozenset[str]:
+        """The nodes whose views changed since the last call."""
+        ...
+
+
+def with_measured(node: model.Node, views: Mapping[int, headroom.DeviceView] | None) -> model.Node:
+    """``node`` with each device's measured fields from ``views`` (absent devices: no telemetry); the same object
+    when nothing changes."""
+    if views is None:
+        return node
+    devices = tuple(headroom.measured(device, views.get(device.index, headroom.UNMEASURED)) for device in node.devices)
+    if all(new is old for new, old in zip(devices, node.devices, strict=True)):
+        return node
+    return dataclasses.replace(node, devices=devices)
 
 
 def group_id(namespace: str, name: str) -> model.GroupId:
@@ -105,6 +134,7 @@ def build_node(
     groups: list[str | None] = [None] * gpu_count
     used = Resources()
     unplaced_whole: list[tuple[str, int]] = []
+    reservations: list[tuple[str, str]] = []
     for pod in pods:
         meta = _meta(pod)
         uid = str(meta.get("uid") or "")
@@ -116,6 +146,7 @@ def build_node(
             continue
         labels_of_pod = meta.get("labels") or {}
         if labels_of_pod.get(RESERVATION_GROUP_LABEL):
+            reservations.append((uid, str(labels_of_pod[RESERVATION_GROUP_LABEL])))
             continue  # the device it holds is accounted through the shares of its group
         assumption = assumed.get(uid)
         devices = assumption.devices if assumption is not None else objects.bound_devices(pod)
@@ -139,6 +170,11 @@ def build_node(
                 whole[index] = True
         else:
             unplaced_whole.append((uid, request.whole))
+    # A reservation pod whose group has no share left (draining, or its bind failed) still holds a whole device.
+    held = {group for group in groups if group is not None}
+    for uid, group in reservations:
+        if group not in held:
+            unplaced_whole.insert(0, (uid, 1))
     # Pods whose devices nobody recorded (another scheduler's, or bound before we annotated) take the lowest free ones.
     for uid, count in unplaced_whole:
         free = [i for i in range(gpu_count) if allotted[i] == 0 and groups[i] is None][:count]
@@ -211,11 +247,20 @@ def build_queues(
 class SnapshotBuilder:
     """Builds snapshots from one ``ClusterState``, reusing unchanged nodes and groups."""
 
-    def __init__(self, state: ClusterState, *, config: model.Config = model.DEFAULT_CONFIG) -> None:
+    def __init__(
+        self,
+        state: ClusterState,
+        *,
+        config: model.Config = model.DEFAULT_CONFIG,
+        measured: MeasuredDevices | None = None,
+    ) -> None:
         self.state = state
         self.config = config
+        self.measured = measured
         self._first = True
         self._priority_version = 0
+        self._base_models: dict[model.NodeName, model.Node] = {}
+        """Each node as requests account for it; ``_node_models`` holds it with its measured fields."""
         self._node_models: dict[model.NodeName, model.Node] = {}
         self._nodes_view: dict[model.NodeName, model.Node] | None = None
         self._group_models: dict[tuple[str, str], model.Group] = {}
@@ -225,6 +270,16 @@ class SnapshotBuilder:
         self._queues: tuple[int, dict[model.QueueName, model.Queue], list[QueueIssue]] | None = None
         self._below_min_since: dict[tuple[str, str], int] = {}
         self._pods: dict[str, tuple[int, PodInfo, model.Pod | objects.Problem | None]] = {}
+        self._quarantined: dict[str, int] = {}
+
+    def quarantine(self, node: str, *, until_ns: int) -> None:
+        """Place nothing new on ``node`` until ``until_ns`` (a reservation pod there could not get its GPU)."""
+        self._quarantined[node] = max(until_ns, self._quarantined.get(node, 0))
+        self.state.changed_nodes.add(node)
+
+    @property
+    def quarantined(self) -> Mapping[str, int]:
+        return self._quarantined
 
     def _info(self, pod: Mapping[str, Any]) -> PodInfo:
         uid = str(_meta(pod).get("uid") or "")
@@ -255,16 +310,35 @@ class SnapshotBuilder:
         every = self._first or state.priority_version != self._priority_version
         self._first = False
         self._priority_version = state.priority_version
+        for name, until_ns in list(self._quarantined.items()):
+            if until_ns <= now_ns:
+                del self._quarantined[name]
+                state.changed_nodes.add(name)
         node_names = list(state.nodes) if every else list(state.changed_nodes)
         state.changed_nodes.clear()
         for name in node_names:
             node_obj = state.nodes.get(name)
             built = build_node(node_obj, state.pods_on(name), state.assumed, self._info) if node_obj else None
             if isinstance(built, model.Node):
-                self._node_models[model.NodeName(name)] = built
+                if name in self._quarantined:
+                    built = dataclasses.replace(built, unschedulable=True)
+                self._base_models[model.NodeName(name)] = built
             else:
+                self._base_models.pop(model.NodeName(name), None)
                 self._node_models.pop(model.NodeName(name), None)
-        if node_names or self._nodes_view is None:
+        remeasured = self.measured.take_changed() if self.measured is not None else frozenset()
+        touched = False
+        for name in {*node_names, *remeasured}:
+            node_name = model.NodeName(name)
+            base = self._base_models.get(node_name)
+            if base is None:
+                continue
+            views = self.measured.device_views(name) if self.measured is not None else None
+            node_model = with_measured(base, views)
+            if self._node_models.get(node_name) is not node_model:
+                self._node_models[node_name] = node_model
+                touched = True
+        if node_names or touched or self._nodes_view is None:
             self._nodes_view = dict(self._node_models)
         nodes = self._nodes_view
         if self._queues is None or self._queues[0] != state.queue_version:
