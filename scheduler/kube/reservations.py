@@ -547,15 +547,17 @@ class ReservationManager:
                     group=group, node=node, reason="ApiError", message=f"creating the reservation pod: {exc}"
                 )
             if made is not None:
-                if created:
-                    made_reservation = read(made)
-                    if made_reservation is not None:
-                        self._step(
-                            dataclasses.replace(made_reservation, phase=Phase.CREATING),
-                            "ReservationCreated",
-                            f"reserving a GPU on {node} for GPU group {group}",
-                        )
-                self.observe(made)
+                made_reservation = read(made)
+                if created and made_reservation is not None:
+                    self._step(
+                        dataclasses.replace(made_reservation, phase=Phase.CREATING),
+                        "ReservationCreated",
+                        f"reserving a GPU on {node} for GPU group {group}",
+                    )
+                # The watch may already have shown a newer state of this pod (its UUID, even) than the create's
+                # answer: the answer only fills in a reservation the watch has not shown yet.
+                if group not in self.reservations:
+                    self.observe(made)
         current = self.reservations.get(group)
         if current is not None and current.phase is Phase.READY and current.uuid:
             return Reserved(group=group, uuid=current.uuid, index=current.index, created=created)
