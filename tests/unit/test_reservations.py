@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from scheduler.kube import binding, reservations
@@ -34,8 +35,8 @@ def sharer(uid: str, *, started: bool) -> Sharer:
 
 
 def plan(
-    reservations_by_group: dict[str, Reservation],
-    sharers: dict[str, tuple[Sharer, ...]],
+    reservations_by_group: Mapping[str, Reservation],
+    sharers: Mapping[str, tuple[Sharer, ...]],
     *,
     now_s: float = 100.0,
     waiting: dict[str, float] | None = None,
@@ -166,3 +167,32 @@ def test_a_reservation_with_shares_is_accounted_through_them_and_one_without_hol
     assert isinstance(alone, model.Node)
     assert [device.allotted_milli_gpu for device in alone.devices] == [1000, 0]
     assert alone.devices[0].holders == (model.PodUid("uid-res"),)
+
+
+class _RacingApi:
+    """An API whose watch shows the reservation ready (UUID written) before the create's own answer arrives, as a
+    loaded API server may deliver them."""
+
+    def __init__(self) -> None:
+        self.manager: reservations.ReservationManager | None = None
+
+    async def create(self, resource: object, body: dict[str, Any], *, namespace: str | None = None) -> dict[str, Any]:
+        created = {**body, "metadata": {**body["metadata"], "uid": "uid-r"}}
+        ready = {
+            **created,
+            "metadata": {
+                **created["metadata"],
+                "annotations": {**created["metadata"]["annotations"], reservations.UUID_ANNOTATION: "GPU-9"},
+            },
+        }
+        assert self.manager is not None
+        self.manager.observe(ready)  # the watch event, first
+        return created  # the answer: the pod as created, without the UUID
+
+
+async def test_a_uuid_the_watch_showed_before_the_creates_answer_is_not_lost() -> None:
+    api = _RacingApi()
+    manager = reservations.ReservationManager(api, Settings(uuid_timeout_s=0.5))  # type: ignore[arg-type]
+    api.manager = manager
+    answer = await manager.reserve("node-a-gpu0-x", "node-a")
+    assert answer == reservations.Reserved(group="node-a-gpu0-x", uuid="GPU-9", index=None, created=True)
