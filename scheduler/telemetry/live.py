@@ -400,6 +400,10 @@ class LiveTelemetry:
         return NodeRows(pods=pod_rows, devices=device_rows)
 
 
+GPU_UUIDS_ANNOTATION = "quotient.dev/gpu-uuids"
+"""Written by the binder on a share (``scheduler.kube.binding``): its reservation pods' device UUIDs."""
+
+
 def _allotments(
     pod: Mapping[str, Any],
     request: gpurequest.GpuRequest | gpurequest.AnnotationProblem,
@@ -411,15 +415,21 @@ def _allotments(
     if isinstance(request, gpurequest.AnnotationProblem) or (request.whole == 0 and not request.is_share):
         return ()
     devices = assumption.devices if assumption is not None else objects.bound_devices(pod)
+    # A share's devices are its reservation pods', whose UUIDs the binder recorded: that is the device it runs on,
+    # whatever index the scheduler's accounting gave it.
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    uuids = [part.strip() for part in str(annotations.get(GPU_UUIDS_ANNOTATION) or "").split(",") if part.strip()]
     held: list[tuple[overuse.PodDevice, int]] = []
-    for index in devices:
+    for position, index in enumerate(devices):
         memory = measured_memory.get(index) or label_memory
         if request.is_share:
             share = _share_milli(pod, assumption, request, memory)
             allotted = request.memory_bytes or placement_devices.share_bytes(share, memory)
-            held.append((overuse.PodDevice(index=index, allotted_bytes=allotted), share))
+            uuid = uuids[position] if position < len(uuids) else None
+            held.append((overuse.PodDevice(index=index, uuid=uuid, allotted_bytes=allotted), share))
         else:
-            held.append((overuse.PodDevice(index=index, allotted_bytes=memory), model.MILLI_GPU_PER_DEVICE))
+            device = overuse.PodDevice(index=index, allotted_bytes=memory, whole=True)
+            held.append((device, model.MILLI_GPU_PER_DEVICE))
     return held
 
 

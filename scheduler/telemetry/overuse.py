@@ -100,11 +100,16 @@ class PodPhase(enum.StrEnum):
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class PodDevice:
     """One device a pod holds on its node and the bytes it was allotted there. ``uuid`` identifies the device when
-    given (and the sample lists it); ``index`` otherwise."""
+    given (and the sample lists it); ``index`` otherwise.
+
+    ``whole``: the pod holds the whole device through the device plugin, whose choice of device the API does not
+    show (the index is the scheduler's accounting). Where the pod's processes run on other devices than those, the
+    devices they run on are the pod's."""
 
     index: int
     uuid: str | None = None
     allotted_bytes: int
+    whole: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -411,8 +416,11 @@ class OveruseDetector:
         by_index = {gpu.index: gpu for gpu in telemetry.gpus}
         on_device: dict[int, list[PodView]] = {}
         placed: list[tuple[PodView, PodDevice, wire.GpuReport]] = []
+        running_on: dict[str, set[int]] = {}
+        for uid, index in attribution.present:
+            running_on.setdefault(uid, set()).add(index)
         for pod in view.pods:
-            for device in pod.devices:
+            for device in _devices_in_use(pod, running_on.get(pod.uid), by_index):
                 gpu = by_uuid.get(device.uuid) if device.uuid is not None else None
                 gpu = gpu or by_index.get(device.index)
                 if gpu is None:
@@ -529,6 +537,22 @@ class OveruseDetector:
                     grace_ns=settings.grace_ns,
                 )
         return findings
+
+
+def _devices_in_use(
+    pod: PodView, running_on: set[int] | None, by_index: Mapping[int, wire.GpuReport]
+) -> tuple[PodDevice, ...]:
+    """The pod's devices; for a whole-GPU pod whose processes run elsewhere than the scheduler's accounting says, the
+    devices they run on (each allotted whole)."""
+    if not running_on or not pod.devices or not all(device.whole for device in pod.devices):
+        return pod.devices
+    if running_on <= {device.index for device in pod.devices}:
+        return pod.devices
+    return tuple(
+        PodDevice(index=index, allotted_bytes=by_index[index].memory_total_bytes, whole=True)
+        for index in sorted(running_on)
+        if index in by_index
+    )
 
 
 def _pod_template(

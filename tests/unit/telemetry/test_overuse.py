@@ -326,3 +326,30 @@ def test_alerts_alternate_and_fire_only_after_a_full_grace_of_continuous_overuse
         else:
             assert states == []
         assert detector.conditions() == (1 if over else 0)
+
+
+def _whole(uid: str, index: int) -> overuse.PodView:
+    """A whole-GPU pod the scheduler accounts on ``index``; the device plugin's real choice is not in the API."""
+    return dataclasses.replace(
+        pod(uid, devices=()), devices=(overuse.PodDevice(index=index, allotted_bytes=80 * GIB, whole=True),)
+    )
+
+
+def test_a_whole_gpu_pod_running_on_another_device_than_accounted_is_judged_there_and_is_no_ghost() -> None:
+    detector = overuse.OveruseDetector(SETTINGS)
+    node_view = view(_whole("w", 2))
+    for at_s in (0, 30, 60):
+        result = detector.observe(sample(gpu(0, proc(7, 60, "w")), gpu(2), at_s=at_s), node_view, now_ns=int(at_s * S))
+        assert result.transitions == ()
+    # Not even pending: no ghost on the accounted device, no over-use of a device it was never given.
+    assert detector.conditions() == 0
+
+
+def test_a_share_is_matched_to_its_device_by_the_uuid_of_its_reservation() -> None:
+    detector = overuse.OveruseDetector(dataclasses.replace(SETTINGS, grace_ns=0))
+    share = dataclasses.replace(
+        pod("s", devices=()), devices=(overuse.PodDevice(index=0, uuid="GPU-0003", allotted_bytes=20 * GIB),)
+    )
+    result = detector.observe(sample(gpu(0), gpu(3, proc(8, 30, "s"))), view(share), now_ns=0)
+    [over] = result.transitions
+    assert (over.name, over.gpu_index, over.used_bytes) == (OVER, 3, 30 * GIB)
