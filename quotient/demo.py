@@ -170,7 +170,7 @@ def render(emulator: Emulator, telemetry: Telemetry, *, elapsed_s: float, notes:
         f"Quotient demo   t={elapsed_s:5.1f}s   NATS {'up' if nats_up else 'DOWN'}   "
         f"agent messages: {', '.join(f'{k} {v}' for k, v in sorted(telemetry.counts.items())) or 'none yet'}",
         "",
-        f"{'POD':<34} {'QUEUE':<13} {'STATUS':<9} {'NODE':<7} {'GPU':<16} WHY (for pending pods)",
+        f"{'POD':<54} {'QUEUE':<13} {'STATUS':<9} {'NODE':<7} {'GPU':<16} WHY (for pending pods)",
     ]
     for pod in pods:
         meta, spec = _meta(pod), pod.get("spec") or {}
@@ -199,8 +199,8 @@ def render(emulator: Emulator, telemetry: Telemetry, *, elapsed_s: float, notes:
             else:
                 why = emulator_event(emulator, meta) or "being scheduled"
         lines.append(
-            f"{meta.get('namespace', '') + '/' + meta.get('name', ''):<34.34} {queue:<13.13} "
-            f"{(pod.get('status') or {}).get('phase', ''):<9} {spec.get('nodeName') or '-':<7} {gpu:<16.16} {why}"[:200]
+            f"{meta.get('namespace', '') + '/' + meta.get('name', ''):<54.54} {queue:<13.13} "
+            f"{(pod.get('status') or {}).get('phase', ''):<9} {spec.get('nodeName') or '-':<7} {gpu:<16.16} {why}"[:220]
         )
     lines += ["", "GPU telemetry as a NATS subscriber receives it (pod names resolved from the pods' UIDs):"]
     for node in sorted(telemetry.nodes):

@@ -158,6 +158,11 @@ class TelemetryWorld:
     def pod(self, name: str, namespace: str = "default") -> dict[str, Any] | None:
         return harness.pods(self.kubectl, namespace).get(name)
 
+    def running(self, name: str, namespace: str = "default") -> bool:
+        """Whether the pod is bound and its kubelet reports it Running."""
+        pod = self.pod(name, namespace)
+        return pod is not None and harness.bound(pod) and (pod.get("status") or {}).get("phase") == "Running"
+
     def publish(self, subject: str, payload: bytes) -> None:
         """Publish raw bytes on a subject, as a hostile or broken agent would."""
 

@@ -4,10 +4,11 @@ Prometheus that scrapes the scheduler's metrics registry.
 Grafana cannot run here, so its files are checked for structure (uids, datasources, references between queries,
 panels and variables) and every PromQL expression they hold is evaluated by the real Prometheus instead, after the
 dashboard's variables are substituted the way Grafana would. The Prometheus test serves a real
-``scheduler.metrics.SchedulerMetrics`` registry, set through its methods, plus stand-in series for the telemetry and
-alert metrics whose names issue 7 fixed (they replace the class's own families of those names, if any). It loads a
-copy of the rule file with every ``for`` set to 0s, so the alerts fire at the first evaluation after the first scrape
-instead of minutes later; the alerts' own ``for`` durations are covered by the promtool unit tests.
+``scheduler.metrics.SchedulerMetrics`` registry set only through the methods the scheduler calls (``set_node_rows``,
+``set_alert``, ``set_queue``, ``count_telemetry``...), so Prometheus sees exactly the series, names and labels the
+scheduler serves. It loads a copy of the rule file with every ``for`` set to 0s (``tests.prometheus``), so the alerts
+fire at the first evaluation after the first scrape instead of minutes later; the alerts' own ``for`` durations are
+covered by the promtool unit tests. ``tests/e2e/test_prometheus.py`` does the same against the scheduler process.
 """
 
 from __future__ import annotations
@@ -16,25 +17,18 @@ import http.server
 import json
 import re
 import subprocess
-import tempfile
 import threading
-import time
-import urllib.error
-import urllib.parse
-import urllib.request
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
-from common.natsserver import free_port
-from scheduler.metrics import SchedulerMetrics
+from scheduler.metrics import CONTENT_TYPE, SchedulerMetrics
+from scheduler.telemetry import live
 from tests.conftest import REPO, require_tool
+from tests.prometheus import Prometheus, running
 
 pytestmark = pytest.mark.integration
 
@@ -322,102 +316,11 @@ def test_kustomize_renders_the_rule_the_monitor_and_the_sidecar_configmaps() -> 
 # --- a real Prometheus -----------------------------------------------------------------------------------------
 
 
-class _StandIns(Collector):
-    """The scheduler registry's families, with the telemetry and alert families replaced by fixed stand-ins.
-
-    Counters grow on every scrape, as a live scheduler's do, so rates are not all zero."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self._registry = registry
-        self._scrapes = 0
-
-    def collect(self) -> Iterable[Metric]:
-        self._scrapes += 1
-        stand_ins = _stand_in_families(self._scrapes)
-        replaced = {family.name for family in stand_ins}
-        yield from (family for family in self._registry.collect() if family.name not in replaced)
-        yield from stand_ins
-
-
-def _gauge(name: str, labels: Sequence[str], rows: Sequence[tuple[Sequence[str], float]]) -> GaugeMetricFamily:
-    family = GaugeMetricFamily(name, f"stand-in for {name}", labels=list(labels))
-    for values, value in rows:
-        family.add_metric(list(values), value)
-    return family
-
-
-def _counter(name: str, label: str, rows: Sequence[tuple[str, float]]) -> CounterMetricFamily:
-    family = CounterMetricFamily(name, f"stand-in for {name}", labels=[label])
-    for value_label, value in rows:
-        family.add_metric([value_label], value)
-    return family
-
-
-def _stand_in_families(scrape: int) -> list[Metric]:
-    """One node with two H100s: pod trainer-0 uses 30 GiB of its 20 GiB share on GPU 0 beside infer-1, and 70 GiB of
-    GPU 1 belong to no pod; a ghost on gpu-node-2, stale telemetry from gpu-node-3, queue research over its GPU limit
-    with a group pending for 20 minutes."""
-    pod = ("namespace", "pod", "node", "gpu", "queue")
-    trainer = ("team-a", "trainer-0", "gpu-node-1", "0", "research")
-    infer = ("team-a", "infer-1", "gpu-node-1", "0", "research")
-    alert = ("alert", "severity", "namespace", "pod", "node", "gpu")
-    return [
-        _gauge(
-            "quotient_queue_limit",
-            ("queue", "resource"),
-            [(("research", "gpu"), 4), (("research", "cpu"), -1), (("research", "memory"), -1)]
-            + [(("batch", resource), -1) for resource in ("gpu", "cpu", "memory")],
-        ),
-        _gauge("quotient_queue_oldest_pending_seconds", ("queue",), [(("research",), 1200), (("batch",), 0)]),
-        _gauge("quotient_pod_gpu_memory_allotted_bytes", pod, [(trainer, 20 * GIB), (infer, 20 * GIB)]),
-        _gauge("quotient_pod_gpu_memory_used_bytes", pod, [(trainer, 30 * GIB), (infer, 10 * GIB)]),
-        _gauge(
-            "quotient_device_gpu_memory_total_bytes",
-            ("node", "gpu", "model"),
-            [(("gpu-node-1", gpu, "NVIDIA H100 80GB HBM3"), 80 * GIB) for gpu in ("0", "1")],
-        ),
-        _gauge(
-            "quotient_device_gpu_memory_used_bytes",
-            ("node", "gpu"),
-            [(("gpu-node-1", "0"), 40 * GIB), (("gpu-node-1", "1"), 70 * GIB)],
-        ),
-        _gauge(
-            "quotient_device_gpu_allotted_milli",
-            ("node", "gpu"),
-            [(("gpu-node-1", "0"), 500), (("gpu-node-1", "1"), 0)],
-        ),
-        _gauge(
-            "quotient_device_unattributed_gpu_memory_bytes",
-            ("node", "gpu"),
-            [(("gpu-node-1", "0"), 0), (("gpu-node-1", "1"), 70 * GIB)],
-        ),
-        _gauge("quotient_cluster_gpus", ("state",), [(("total",), 2), (("allocated",), 0.5)]),
-        _gauge(
-            "quotient_alerts_firing",
-            ("alert",),
-            [((name,), 1) for name in ("GpuMemoryOverconsumption", "GhostAllocation", "UnattributedGpuMemory")]
-            + [(("TelemetryStale",), 1)],
-        ),
-        _gauge(
-            "quotient_alert",
-            alert,
-            [
-                (("GpuMemoryOverconsumption", "warning", "team-a", "trainer-0", "gpu-node-1", "0"), 1),
-                (("GhostAllocation", "warning", "team-b", "notebook-7", "gpu-node-2", "0"), 1),
-                (("UnattributedGpuMemory", "warning", "", "", "gpu-node-1", "1"), 1),
-                (("TelemetryStale", "warning", "", "", "gpu-node-3", ""), 1),
-            ],
-        ),
-        _gauge("quotient_node_telemetry_age_seconds", ("node",), [(("gpu-node-1",), 0.5), (("gpu-node-3",), 42)]),
-        _counter(
-            "quotient_telemetry_messages_total", "outcome", [("accepted", 1000 * scrape), ("rejected", 3 * scrape)]
-        ),
-        _counter("quotient_telemetry_rejected_total", "reason", [("malformed", 2 * scrape), ("foreign_pod", scrape)]),
-    ]
-
-
 def _scheduler_metrics() -> SchedulerMetrics:
-    """The series that exist today, through the class's own methods."""
+    """The scheduler's registry, set through the methods the scheduler itself calls: one node with two H100s where
+    pod trainer-0 uses 30 GiB of its 20 GiB share on GPU 0 beside infer-1, and 70 GiB of GPU 1 belong to no pod; a
+    ghost on gpu-node-2, stale telemetry from gpu-node-3, queue research over its GPU limit with a group pending for
+    20 minutes."""
     metrics = SchedulerMetrics()
     metrics.leader.set(1)
     metrics.set_queue(
@@ -425,6 +328,7 @@ def _scheduler_metrics() -> SchedulerMetrics:
         fair=(2000, 32_000, 256 * GIB),
         deserved=(2000, 32_000, 256 * GIB),
         quota=(2000, 32_000, 256 * GIB),
+        limit=(4000, -1, -1),
         allocated=(6000, 48_000, 200 * GIB),
         requested=(8000, 64_000, 300 * GIB),
     )
@@ -436,30 +340,85 @@ def _scheduler_metrics() -> SchedulerMetrics:
         allocated=(500, 4000, 16 * GIB),
         requested=(500, 4000, 16 * GIB),
     )
+    metrics.set_oldest_pending({"research": 1200.0, "batch": 0.0})
     metrics.set_pending({"OverQuota": 3, "GangDoesNotFit": 1})
     metrics.rejected_pods.labels("InvalidGpuFraction").set(1)
     metrics.binds.labels("bound").inc()
     metrics.evictions.labels("GpuMemoryOverconsumption").inc()
+    metrics.set_cluster_gpus(total_milli=2000, allocated_milli=500)
+
+    def share(uid: str, name: str, used_bytes: int) -> live.PodRow:
+        return live.PodRow(
+            uid=uid,
+            namespace="team-a",
+            name=name,
+            node="gpu-node-1",
+            queue="research",
+            gpu_index=0,
+            allotted_bytes=20 * GIB,
+            used_bytes=used_bytes,
+        )
+
+    def h100(gpu_index: int, *, used_bytes: int, allotted_milli: int, unattributed_bytes: int) -> live.DeviceRow:
+        return live.DeviceRow(
+            node="gpu-node-1",
+            gpu_index=gpu_index,
+            model="NVIDIA H100 80GB HBM3",
+            total_bytes=80 * GIB,
+            used_bytes=used_bytes,
+            allotted_milli=allotted_milli,
+            unattributed_bytes=unattributed_bytes,
+        )
+
+    metrics.set_node_rows(
+        "gpu-node-1",
+        live.NodeRows(
+            pods=(share("uid-trainer-0", "trainer-0", 30 * GIB), share("uid-infer-1", "infer-1", 10 * GIB)),
+            devices=(
+                h100(0, used_bytes=40 * GIB, allotted_milli=500, unattributed_bytes=0),
+                h100(1, used_bytes=70 * GIB, allotted_milli=0, unattributed_bytes=70 * GIB),
+            ),
+        ),
+    )
+    for labels in (
+        ("GpuMemoryOverconsumption", "warning", "team-a", "trainer-0", "gpu-node-1", "0"),
+        ("GhostAllocation", "warning", "team-b", "notebook-7", "gpu-node-2", "0"),
+        ("UnattributedGpuMemory", "warning", "", "", "gpu-node-1", "1"),
+        ("TelemetryStale", "warning", "", "", "gpu-node-3", ""),
+    ):
+        metrics.set_alert(labels, firing=True)
+    metrics.set_alerts_firing(
+        {"GpuMemoryOverconsumption": 1, "GhostAllocation": 1, "UnattributedGpuMemory": 1, "TelemetryStale": 1}
+    )
+    metrics.set_telemetry_ages({"gpu-node-1": 0.5, "gpu-node-3": 42.0})
     return metrics
 
 
 class _MetricsServer:
-    """A /metrics endpoint on loopback serving the scheduler registry; every scrape also runs a cycle and a bind."""
+    """A /metrics endpoint on loopback serving the scheduler registry. Every scrape also runs a cycle and a bind and
+    counts telemetry, as a live scheduler does between scrapes, so rates are not all zero."""
 
     def __init__(self) -> None:
         self.metrics = _scheduler_metrics()
-        exposition = CollectorRegistry()
-        exposition.register(_StandIns(self.metrics.registry))
         owner = self
+        scrapes = 0
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                owner.metrics.cycles.inc()
-                owner.metrics.cycle_seconds.observe(0.004)
-                owner.metrics.bind_seconds.observe(0.03)
-                body = generate_latest(exposition)
+                nonlocal scrapes
+                scrapes += 1
+                metrics = owner.metrics
+                metrics.cycles.inc()
+                metrics.cycle_seconds.observe(0.004)
+                metrics.bind_seconds.observe(0.03)
+                # Cumulative totals, the way the app hands over the consumer's counters.
+                metrics.count_telemetry(
+                    accepted=1000 * scrapes, rejected={"not_msgpack": 2 * scrapes, "unknown_version": scrapes}
+                )
+                metrics.count_rejected("foreign_claim", 1)
+                body = metrics.render()
                 self.send_response(200 if self.path == "/metrics" else 404)
-                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Type", CONTENT_TYPE)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -481,110 +440,21 @@ class _MetricsServer:
         self.thread.join(timeout=5)
 
 
-class _Prometheus:
-    """A Prometheus on a free loopback port: scrapes ``target`` and evaluates ``rules`` every second."""
-
-    def __init__(self, binary: str, *, workdir: Path, target: int, rules: Path) -> None:
-        self.port = free_port()
-        config = {
-            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(rules)],
-            "scrape_configs": [
-                {"job_name": JOB, "honor_labels": True, "static_configs": [{"targets": [f"127.0.0.1:{target}"]}]}
-            ],
-        }
-        (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
-        self.log = workdir / "prometheus.log"
-        self.command = [
-            binary,
-            f"--config.file={workdir / 'prometheus.yml'}",
-            f"--storage.tsdb.path={workdir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{self.port}",
-            "--log.level=warn",
-        ]
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self, *, timeout_s: float = 20.0) -> None:
-        with self.log.open("wb") as log:
-            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError(f"prometheus exited {self.process.returncode}: {self.log.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=1) as answer:
-                    if answer.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"prometheus not ready after {timeout_s}s: {self.log.read_text()[-2000:]}")
-
-    def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=10)
-
-    def get(self, path: str, **params: str) -> Obj:
-        """The API's JSON answer, errors included (a bad query answers 400 with status "error")."""
-        url = f"http://127.0.0.1:{self.port}{path}?{urllib.parse.urlencode(params)}"
-        try:
-            with urllib.request.urlopen(url, timeout=10) as answer:
-                body: Obj = json.loads(answer.read())
-        except urllib.error.HTTPError as error:
-            body = json.loads(error.read())
-        return body
-
-    def query(self, expr: str) -> Obj:
-        return self.get("/api/v1/query", query=expr)
-
-    def wait_for(self, expr: str, *, timeout_s: float = 20.0) -> None:
-        """Until the instant query ``expr`` returns a series."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            answer = self.query(expr)
-            if answer["status"] == "success" and answer["data"]["result"]:
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"{expr} stayed empty for {timeout_s}s")
-
-    def firing(self) -> list[Obj]:
-        return [alert for alert in self.get("/api/v1/alerts")["data"]["alerts"] if alert["state"] == "firing"]
-
-
-def _without_for(rules: Obj) -> Obj:
-    """The rule file with every ``for`` at 0s: alerts fire at the first evaluation that sees their series."""
-    for group in rules["groups"]:
-        for rule in group["rules"]:
-            rule["for"] = "0s"
-    return rules
-
-
 @pytest.fixture(scope="module")
-def prometheus() -> Iterator[_Prometheus]:
+def prometheus() -> Iterator[Prometheus]:
     binary = require_tool("prometheus")
-    with tempfile.TemporaryDirectory(prefix="quotient-prometheus-") as tmp, _MetricsServer() as server:
-        workdir = Path(tmp)
-        rules = workdir / "quotient.rules.yaml"
-        rules.write_text(yaml.safe_dump(_without_for(_yaml(RULES)), sort_keys=False))
-        instance = _Prometheus(binary, workdir=workdir, target=server.port, rules=rules)
-        try:
-            instance.start()
-            # Three scrapes: enough samples for every rate() and histogram_quantile() of the dashboard.
-            instance.wait_for(f'count_over_time(up{{job="{JOB}"}}[1m]) >= 3')
-            instance.wait_for(f'up{{job="{JOB}"}} == 1')
-            yield instance
-        finally:
-            instance.stop()
+    with (
+        _MetricsServer() as server,
+        running(binary, job=JOB, targets=[f"127.0.0.1:{server.port}"], rules=RULES) as instance,
+    ):
+        # Three scrapes: enough samples for every rate() and histogram_quantile() of the dashboard.
+        instance.wait_for(f'count_over_time(up{{job="{JOB}"}}[1m]) >= 3')
+        instance.wait_for(f'up{{job="{JOB}"}} == 1')
+        yield instance
 
 
 def test_prometheus_answers_every_expression_of_the_rules_the_grafana_alerts_and_the_dashboard(
-    prometheus: _Prometheus,
+    prometheus: Prometheus,
 ) -> None:
     failures = []
     for source, expr in _expressions():
@@ -594,7 +464,7 @@ def test_prometheus_answers_every_expression_of_the_rules_the_grafana_alerts_and
     assert not failures, "\n".join(failures)
 
 
-def test_every_dashboard_query_shows_data_from_the_scheduler_metrics(prometheus: _Prometheus) -> None:
+def test_every_dashboard_query_shows_data_from_the_scheduler_metrics(prometheus: Prometheus) -> None:
     empty = []
     for source, expr in _expressions():
         if source.startswith(("panel", "variable")) and not prometheus.query(expr).get("data", {}).get("result"):
@@ -602,7 +472,7 @@ def test_every_dashboard_query_shows_data_from_the_scheduler_metrics(prometheus:
     assert not empty, "queries that found no series (a metric or label name that does not exist?):\n" + "\n".join(empty)
 
 
-def test_every_grafana_detail_query_finds_the_series_its_annotations_print(prometheus: _Prometheus) -> None:
+def test_every_grafana_detail_query_finds_the_series_its_annotations_print(prometheus: Prometheus) -> None:
     """The queries beyond A end in a fallback (`or on () vector(-1)`) that hides a wrong name: evaluate them without."""
     empty = []
     for rule in _grafana_rules():
@@ -614,7 +484,7 @@ def test_every_grafana_detail_query_finds_the_series_its_annotations_print(prome
     assert not empty, "\n".join(empty)
 
 
-def test_the_dashboard_variables_find_their_values(prometheus: _Prometheus) -> None:
+def test_the_dashboard_variables_find_their_values(prometheus: Prometheus) -> None:
     expected = {"queue": {"research", "batch"}, "node": {"gpu-node-1"}, "namespace": {"team-a"}}
     for variable in _dashboard()["templating"]["list"]:
         if variable["type"] != "query":
@@ -624,14 +494,12 @@ def test_the_dashboard_variables_find_their_values(prometheus: _Prometheus) -> N
         assert values == expected[variable["name"]], variable["name"]
 
 
-def test_prometheus_fires_the_scheduler_alerts_it_scrapes_with_the_pod_and_its_memory(prometheus: _Prometheus) -> None:
+def test_prometheus_fires_the_scheduler_alerts_it_scrapes_with_the_pod_and_its_memory(prometheus: Prometheus) -> None:
     expected = {rule["alert"] for rule in _prometheus_rules()} - {"QuotientSchedulerDown"}
-    deadline = time.monotonic() + 20
-    firing = prometheus.firing()
-    while {alert["labels"]["alertname"] for alert in firing} != expected and time.monotonic() < deadline:
-        time.sleep(0.2)
-        firing = prometheus.firing()
-    assert {alert["labels"]["alertname"] for alert in firing} == expected
+    firing = prometheus.wait_for_firing(
+        lambda alerts: {alert["labels"]["alertname"] for alert in alerts} == expected,
+        what="every alert but QuotientSchedulerDown",
+    )
     (over,) = [alert for alert in firing if alert["labels"]["alertname"] == "QuotientGpuMemoryOverconsumption"]
     assert over["labels"] == {
         "alertname": "QuotientGpuMemoryOverconsumption",
