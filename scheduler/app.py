@@ -33,7 +33,7 @@ from common.config import Setting
 from common.errors import BusError, ConfigError, QuotientError
 from common.httpendpoint import HttpEndpoint, Response
 from common.natsconn import NatsBus
-from scheduler import alerts, audit
+from scheduler import alerts, audit, sharing
 from scheduler.kube import (
     binding,
     client,
@@ -49,7 +49,7 @@ from scheduler.kube import (
 from scheduler.kube.errors import KubeError
 from scheduler.metrics import CONTENT_TYPE, SchedulerMetrics
 from scheduler.placement import cycle, decisions, model, plan
-from scheduler.state import cache, objects, snapshot
+from scheduler.state import cache, snapshot
 from scheduler.telemetry import consumer as telemetry_consumer
 from scheduler.telemetry import live, overuse
 
@@ -336,13 +336,22 @@ class Scheduler:
         self._evict_reasons: dict[str, str] = {}
         """Pods being evicted for a reason of the telemetry (its Decision says so), by uid."""
         self._counted_nodes: Mapping[model.NodeName, model.Node] | None = None
-        self.reservations = reservations.ReservationManager(
-            api, settings.reservation, on_transition=self._reservation_step
+        self._evicting: set[str] = set()
+        self.sharing = sharing.GroupKeeper(
+            api,
+            settings.reservation,
+            self.state,
+            self.recorder,
+            self.metrics,
+            decisions=decisions,
+            evicting=self._evicting,
+            cycle=lambda: self.cycles,
+            on_change=self._mark,
         )
+        self.reservations = self.sharing.manager
         self.binder = binding.Binder(
             api, report=self._on_report, concurrency=settings.bind_concurrency, reservations=self.reservations
         )
-        self._background: set[asyncio.Task[None]] = set()
         self.grouper = grouper.Grouper(
             api,
             queue_label=settings.queue_label,
@@ -354,7 +363,6 @@ class Scheduler:
         self._dirty = asyncio.Event()
         self._status_due = asyncio.Event()
         self._queues_written_at = 0.0
-        self._evicting: set[str] = set()
         self._bind_started: dict[str, float] = {}
         self._synced: set[str] = set()
         self.cycles = 0
@@ -364,175 +372,6 @@ class Scheduler:
 
     async def _event(self, obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         self.recorder.record(events.ObjectRef.of(obj), type=events.EventType(type_), reason=reason, message=message)
-
-    # --- reservation pods -----------------------------------------------------------------------------------------
-
-    def _reservation_step(
-        self, reservation: reservations.Reservation, phase: reservations.Phase, reason: str, message: str
-    ) -> None:
-        """Every step of a reservation's life: an Event on its pod and, for creation and deletion, a Decision."""
-        ref = events.ObjectRef(
-            api_version="v1", kind="Pod", name=reservation.name, namespace=reservation.namespace, uid=reservation.uid
-        )
-        warning = reason in ("ReservationTimedOut",) or reservation.failed is not None
-        self.recorder.record(
-            ref, type=events.EventType.WARNING if warning else events.EventType.NORMAL, reason=reason, message=message
-        )
-        self._mark()
-        if self.decisions is None or phase not in (reservations.Phase.CREATING, reservations.Phase.DELETED):
-            return
-        self._spawn(
-            self.decisions.publish(
-                action=wire.DecisionAction.RESERVE
-                if phase is reservations.Phase.CREATING
-                else wire.DecisionAction.UNRESERVE,
-                namespace=reservation.namespace,
-                name=reservation.name,
-                uid=reservation.uid or "unknown",
-                node=reservation.node or None,
-                gpu_indices=(reservation.index,) if reservation.index is not None else (),
-                gpu_group=reservation.group[:253],
-                reason=reason,
-                message=message,
-                cycle=self.cycles,
-            )
-        )
-
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    def sharers(self) -> dict[str, tuple[reservations.Sharer, ...]]:
-        """The pods of every GPU group: bound or being bound, not finished."""
-        found: dict[str, list[reservations.Sharer]] = {}
-        for uid, pod in self.state.pods.items():
-            meta = pod.get("metadata") or {}
-            assumption = self.state.assumed.get(uid)
-            groups = assumption.gpu_groups if assumption is not None else objects.pod_gpu_groups(pod)
-            if not groups:
-                continue
-            status = pod.get("status") or {}
-            if status.get("phase") in ("Succeeded", "Failed"):
-                continue
-            node = assumption.node if assumption is not None else str((pod.get("spec") or {}).get("nodeName") or "")
-            if not node:
-                continue
-            sharer = reservations.Sharer(
-                uid=uid,
-                namespace=str(meta.get("namespace") or "default"),
-                name=str(meta.get("name") or ""),
-                node=node,
-                started=status.get("phase") == "Running",
-            )
-            for group in groups:
-                found.setdefault(group, []).append(sharer)
-        return {group: tuple(members) for group, members in found.items()}
-
-    async def reconcile_reservations(self) -> None:
-        """One round: drain reservations without pods, expire stuck ones, handle pods whose reservation vanished."""
-        for action in self.reservations.plan(self.sharers()):
-            kind = action.kind
-            if kind in (reservations.ActionKind.DRAIN, reservations.ActionKind.EXPIRE):
-                await self.reservations.drain(action)
-            elif kind is reservations.ActionKind.RE_RESERVE:
-                self._spawn(self._re_reserve(action))
-            elif action.sharer is not None:
-                await self._orphaned(action, action.sharer)
-
-    async def _re_reserve(self, action: reservations.Action) -> None:
-        self.reservations.hold(action.group)
-        try:
-            held = await self.reservations.reserve(action.group, action.node)
-            for sharer in self.sharers().get(action.group, ()):
-                pod = self.state.pods.get(sharer.uid)
-                if pod is None:
-                    continue
-                ref = events.ObjectRef.of(pod)
-                if isinstance(held, reservations.NotReserved):
-                    self.recorder.record(
-                        ref, type=events.EventType.WARNING, reason="GpuReservationLost", message=held.message
-                    )
-                    continue
-                self.recorder.record(ref, type=events.EventType.NORMAL, reason="GpuReserved", message=action.message)
-                await self._rewire(pod, sharer, action.group, held.uuid)
-        finally:
-            self.reservations.release(action.group)
-
-    async def _rewire(self, pod: Mapping[str, Any], sharer: reservations.Sharer, group: str, uuid: str) -> None:
-        """A pod not yet started gets its group's new device: ConfigMap and annotation (read when it starts)."""
-        annotations = (pod.get("metadata") or {}).get("annotations") or {}
-        groups = objects.pod_gpu_groups(pod)
-        uuids = [part for part in str(annotations.get(binding.GPU_UUIDS_ANNOTATION) or "").split(",") if part]
-        uuids += [""] * (len(groups) - len(uuids))
-        if group in groups:
-            uuids[groups.index(group)] = uuid
-        visible = ",".join(uuids) or uuid
-        share = str(annotations.get(objects.GPU_SHARE_ANNOTATION) or "0")
-        try:
-            configmap = annotations.get(webhook.CONFIGMAP_ANNOTATION)
-            if configmap:
-                portion = binding.portion_text(int(share) if share.isascii() and share.isdigit() else 0)
-                await self.api.patch(
-                    client.CONFIG_MAPS,
-                    {"data": {binding.VISIBLE_DEVICES_KEY: visible, binding.GPU_PORTION_KEY: portion}},
-                    name=str(configmap),
-                    namespace=sharer.namespace,
-                )
-            await self.api.patch(
-                client.PODS,
-                {"metadata": {"annotations": {binding.GPU_UUIDS_ANNOTATION: visible}}},
-                name=sharer.name,
-                namespace=sharer.namespace,
-            )
-        except KubeError as exc:
-            log.warning("rewire_failed", pod=f"{sharer.namespace}/{sharer.name}", error=str(exc))
-
-    async def _orphaned(self, action: reservations.Action, sharer: reservations.Sharer) -> None:
-        pod = self.state.pods.get(sharer.uid)
-        if pod is None or sharer.uid in self._evicting:
-            return
-        self.recorder.record(
-            events.ObjectRef.of(pod), type=events.EventType.WARNING, reason="GpuReservationLost", message=action.message
-        )
-        if action.kind is not reservations.ActionKind.EVICT_ORPHAN:
-            return
-        self._evicting.add(sharer.uid)
-        self.metrics.evictions.labels("ReservationLost").inc()
-        try:
-            await self.api.evict_pod(
-                namespace=sharer.namespace,
-                name=sharer.name,
-                uid=sharer.uid,
-                reason="TerminationByScheduler",
-                message=action.message,
-            )
-        except KubeError as exc:
-            self._evicting.discard(sharer.uid)
-            log.warning("orphan_eviction_failed", pod=f"{sharer.namespace}/{sharer.name}", error=str(exc))
-            return
-        if self.decisions is not None:
-            await self.decisions.publish(
-                action=wire.DecisionAction.EVICT,
-                namespace=sharer.namespace,
-                name=sharer.name,
-                uid=sharer.uid,
-                node=sharer.node,
-                gpu_group=action.group[:253],
-                reason="GpuReservationLost",
-                message=action.message,
-                cycle=self.cycles,
-            )
-
-    async def _reservation_loop(self) -> None:
-        while True:
-            await asyncio.sleep(RESERVATION_RECONCILE_S)
-            if not self.ready:
-                continue
-            try:
-                await self.reconcile_reservations()
-            except KubeError as exc:
-                log.warning("reservation_reconcile_failed", error=str(exc))
 
     # --- live telemetry ----------------------------------------------------------------------------------------
 
@@ -958,14 +797,13 @@ class Scheduler:
                 group.create_task(self.recorder.run())
                 group.create_task(self._cycle_loop())
                 group.create_task(self._status_loop())
-                group.create_task(self._reservation_loop())
+                group.create_task(self.sharing.run(lambda: self.ready))
                 group.create_task(self.alerts.run())
                 if self.consumer is not None:
                     group.create_task(self.consumer.run())
                     group.create_task(self._telemetry_loop())
         finally:
-            for task in list(self._background):
-                task.cancel()
+            self.sharing.cancel()
             self.metrics.leader.set(0)
             await self.binder.cancel()
             await self.grouper.cancel()
