@@ -48,6 +48,23 @@ def public_key(seed: bytes) -> str:
     return key
 
 
+def sign_nonce(seed: bytes, nonce: bytes) -> str:
+    """The signature of the server's ``nonce`` that proves holding ``seed`` (the ``sig`` of a NATS CONNECT): Ed25519,
+    URL-safe base64 without padding, as nats-py sends it. ``ConfigError`` if ``seed`` is not a user seed."""
+    problem = _seed_problem(seed)
+    if problem is not None:
+        raise ConfigError(f"not a NATS user nkey seed: {problem}")
+    try:
+        pair = nkeys.from_seed(bytearray(seed))
+        try:
+            signature = pair.sign(nonce)
+        finally:
+            pair.wipe()
+    except nkeys.NkeysError as exc:
+        raise ConfigError(f"not a NATS user nkey seed: {exc}") from None
+    return base64.urlsafe_b64encode(signature).rstrip(b"=").decode("ascii")
+
+
 def read_seed_file(path: str | os.PathLike[str]) -> bytes:
     """The user seed held in ``path`` (surrounding whitespace removed), or ``ConfigError`` naming the file."""
     name = os.fspath(path)

@@ -342,12 +342,15 @@ def decode_telemetry_batch(
 
     ``subject_nodes``, when given, pairs each payload with the node its subject named (as ``decode_telemetry``).
     """
-    if subject_nodes is not None and len(subject_nodes) != len(datas):
+    if subject_nodes is None:
+        subject_nodes = [None] * len(datas)
+    elif len(subject_nodes) != len(datas):
         raise ValueError(f"{len(datas)} payloads but {len(subject_nodes)} subject nodes")
+    # The scheduler's hot loop (20,000 messages a second): locals only, one C call per message on the good path.
     decode = _TELEMETRY.decode
     results: list[NodeTelemetry | WireError] = []
     append = results.append
-    for position, data in enumerate(datas):
+    for data, subject_node in zip(datas, subject_nodes, strict=True):
         if len(data) > MAX_MESSAGE_BYTES:
             append(_oversized(data))
             continue
@@ -356,7 +359,6 @@ def decode_telemetry_batch(
         except _DECODE_FAULTS as exc:
             append(_rejection(exc, data))
             continue
-        subject_node = None if subject_nodes is None else subject_nodes[position]
         if subject_node is not None and message.node != subject_node:
             append(_mismatch(message.node, subject_node))
         else:

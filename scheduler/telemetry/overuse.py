@@ -429,10 +429,13 @@ class OveruseDetector:
                 on_device.setdefault(gpu.index, []).append(pod)
         findings: dict[_Key, _Finding] = {}
         for pod, device, gpu in placed:
-            neighbours = tuple(sorted(other.display for other in on_device[gpu.index] if other.uid != pod.uid))
             used = attribution.used.get((pod.uid, gpu.index), 0)
             allotted = device.allotted_bytes
             tolerance = settings.tolerance_for(allotted)
+            ghost = pod.phase is PodPhase.RUNNING and (pod.uid, gpu.index) not in attribution.present
+            if used <= allotted + tolerance and not ghost:
+                continue  # the common case, kept cheap: nothing to name, no neighbours to list
+            neighbours = tuple(sorted(other.display for other in on_device[gpu.index] if other.uid != pod.uid))
             if used > allotted + tolerance:
                 policy = view.policies.get(pod.queue, settings.default_policy)
                 findings[(AlertName.GPU_MEMORY_OVERCONSUMPTION, pod.uid, gpu.index)] = _Finding(
@@ -469,7 +472,7 @@ class OveruseDetector:
                         message="",
                     ),
                 )
-            if pod.phase is PodPhase.RUNNING and (pod.uid, gpu.index) not in attribution.present:
+            if ghost:
                 findings[(AlertName.GHOST_ALLOCATION, pod.uid, gpu.index)] = _Finding(
                     template=_pod_template(
                         AlertName.GHOST_ALLOCATION,
@@ -544,7 +547,8 @@ def _devices_in_use(
 ) -> tuple[PodDevice, ...]:
     """The pod's devices; for a whole-GPU pod whose processes run elsewhere than the scheduler's accounting says, the
     devices they run on (each allotted whole)."""
-    if not running_on or not pod.devices or not all(device.whole for device in pod.devices):
+    devices = pod.devices
+    if not running_on or not devices or not devices[0].whole or not all(device.whole for device in devices):
         return pod.devices
     if running_on <= {device.index for device in pod.devices}:
         return pod.devices
