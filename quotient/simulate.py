@@ -5,8 +5,9 @@
 allocation at 100% and 130% of arrived demand (mean and standard deviation over the seeds) beside the published
 figure. ``--json`` writes the curves; ``--plot`` draws allocation against arrival, the policies side by side (it
 needs matplotlib, the ``plot`` extra, imported only then). ``--variant gpushare60`` replays a member of the trace's
-families drawn from ``--pods``; ``--backend engine`` replays through the placement engine itself instead of the fast
-path; ``--jobs N`` runs seeds in N processes.
+families drawn from ``--pods``. Pods are placed by the placement engine itself (the scheduler's own code, with the
+policy as its scorer); ``--backend fast`` replays through the simulator's independent implementation of the
+experiment's rules instead, a cross-check. ``--jobs N`` runs seeds in N processes.
 
 ``quotient simulate workload FILE`` replays a cluster spec whose pods arrive and leave over simulated time and reports
 utilisation over time, waits per queue and each queue's allocation against its fair share.
@@ -123,8 +124,8 @@ def _parser() -> argparse.ArgumentParser:
     trace.add_argument(
         "--backend",
         choices=[backend.value for backend in experiment.Backend],
-        default=experiment.Backend.FAST.value,
-        help="fast: grouped replay with the engine's rules (default); engine: the placement engine itself (slower)",
+        default=experiment.Backend.ENGINE.value,
+        help="engine: the placement engine itself (default); fast: the simulator's own replay, a cross-check",
     )
     trace.add_argument("--jobs", type=int, default=1, help="processes running seeds side by side (default 1)")
     trace.add_argument("--json", type=Path, dest="json_out", help="write every curve and summary to this file")

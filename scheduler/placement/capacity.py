@@ -2,8 +2,8 @@
 
 The engine keeps one ``Capacity`` for its whole life. Each cycle it is brought in step with the snapshot (only
 nodes whose ``Node`` object changed are rebuilt), then the cycle's tentative placements and evictions mutate it
-through ``Capacity.mutate``, which records the previous state of the node in an undo log, and at the end of the
-cycle everything is undone, so the index mirrors the snapshot again. Nothing is ever copied wholesale.
+between ``Capacity.begin`` and ``Capacity.end``, which record the previous state of the node in an undo log, and at
+the end of the cycle everything is undone, so the index mirrors the snapshot again. Nothing is copied wholesale.
 
 Indexes, per node class (nodes that the static filters cannot tell apart, see ``filters.NodeClass``):
 
@@ -11,7 +11,12 @@ Indexes, per node class (nodes that the static filters cannot tell apart, see ``
 - ``shared``: every shared device with room left, as ``(free milli-GPU, free whole devices of its node, node order,
   device index)`` sorted, so a share finds its best fitting device by bisection;
 - ``cpu``: every node as ``(free whole devices, free millicores, node order)`` sorted, for CPU-only pods;
-- ``members``: every node of the class in node order (for the scored search).
+- ``members``: every node of the class in node order;
+- ``looks``: the nodes of the class grouped by how they look to placement (``Look``: the scorer's ``NodeState`` and
+  the free pod slots), each group in node order, so a scored search scores each distinct look once and gives the pod
+  to the look's first node instead of scoring every node. Looks that lost their last node are kept aside
+  (``idle``, oldest out first, no more of them than live ones) with what the searcher learned about them, since a
+  look that a cycle's tentative placements emptied usually fills again when the plan is applied.
 
 Per-device accounting (``devices``) keeps the request-based free share and, where telemetry is fresh, the measured
 free memory minus the margin; a share fits only where both allow it.
@@ -21,8 +26,35 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from scheduler.placement import devices, filters, model, scoring
+
+LOOK_POD_SLOTS = 16
+"""A look records free pod slots up to this many. A pod takes one slot plus one per GPU group it opens (at most one
+per device it asks for), so nodes with at least this many free slots are alike to every pod that needs fewer; the
+searcher takes the rare pod that needs more node by node."""
+
+# Idle looks kept beyond the number of live ones (see the module docstring).
+_IDLE_LOOKS = 64
+
+LookBest = tuple[int, tuple[int, ...], tuple[int, ...]]
+"""The searcher's answer for one look and one pod shape: the best score, its devices, the share taken on each."""
+
+
+class Saved(NamedTuple):
+    """What ``NodeWork.save`` keeps for undo: everything a placement or an eviction changes on a node."""
+
+    free_cpu: int
+    free_mem: int
+    free_pods: int
+    dev_allotted: list[int]
+    dev_whole: list[bool]
+    dev_group: list[model.GpuGroupId | None]
+    dev_meas: list[int | None]
+    dev_free: list[int]
+    dev_pod_gpus: list[int]
+    whole_count: int
 
 
 class NodeWork:
@@ -39,14 +71,16 @@ class NodeWork:
         "dev_meas",
         "dev_mem",
         "dev_model",
+        "dev_pod_gpus",
         "dev_whole",
+        "fixed",
         "free_cpu",
         "free_mem",
         "free_pods",
+        "look",
         "name",
         "node",
         "order",
-        "scored_state",
         "whole_count",
     )
 
@@ -66,6 +100,10 @@ class NodeWork:
         self.dev_allotted = [device.allotted_milli_gpu for device in node.devices]
         self.dev_whole = [device.is_free for device in node.devices]
         self.dev_group: list[model.GpuGroupId | None] = [device.gpu_group for device in node.devices]
+        self.dev_pod_gpus = [_pod_gpus(device, node.devices) for device in node.devices]
+        """Per device held whole by a pod we know, how many devices of the node that pod holds; else 0."""
+        self.fixed = (self.alloc_cpu, self.alloc_mem, self.dev_mem, self.dev_model)
+        """What never changes during a cycle, part of every look key."""
         # Measured memory matters only where a share could go; held devices keep None, so their telemetry samples
         # change nothing the engine reads (and a cycle after such a sample is recognised as unchanged).
         self.dev_meas = [
@@ -78,7 +116,8 @@ class NodeWork:
         for index in range(len(node.devices)):
             self.refresh_device(index)
         self.whole_count = sum(self.dev_whole)
-        self.scored_state: scoring.NodeState | None = None
+        self.look: Look | None = None
+        """The look the node is indexed under (None while ``Capacity.begin`` has it out of the indexes)."""
 
     def refresh_device(self, index: int) -> None:
         """Recompute the free share of one device from its allotment and measured headroom."""
@@ -94,39 +133,47 @@ class NodeWork:
     def fits_basics(self, milli_cpu: int, memory_bytes: int, pods: int) -> bool:
         return self.free_cpu >= milli_cpu and self.free_mem >= memory_bytes and self.free_pods >= pods
 
-    def save(self) -> tuple[object, ...]:
+    def save(self) -> Saved:
+        return Saved(
+            free_cpu=self.free_cpu,
+            free_mem=self.free_mem,
+            free_pods=self.free_pods,
+            dev_allotted=self.dev_allotted.copy(),
+            dev_whole=self.dev_whole.copy(),
+            dev_group=self.dev_group.copy(),
+            dev_meas=self.dev_meas.copy(),
+            dev_free=self.dev_free.copy(),
+            dev_pod_gpus=self.dev_pod_gpus.copy(),
+            whole_count=self.whole_count,
+        )
+
+    def restore(self, saved: Saved) -> None:
+        self.free_cpu = saved.free_cpu
+        self.free_mem = saved.free_mem
+        self.free_pods = saved.free_pods
+        self.dev_allotted = saved.dev_allotted
+        self.dev_whole = saved.dev_whole
+        self.dev_group = saved.dev_group
+        self.dev_meas = saved.dev_meas
+        self.dev_free = saved.dev_free
+        self.dev_pod_gpus = saved.dev_pod_gpus
+        self.whole_count = saved.whole_count
+
+    def look_key(self) -> tuple[object, ...]:
+        """Equal for two nodes of a class exactly when placement cannot tell them apart (see ``Look``)."""
         return (
             self.free_cpu,
             self.free_mem,
-            self.free_pods,
-            self.dev_allotted.copy(),
-            self.dev_whole.copy(),
-            self.dev_group.copy(),
-            self.dev_meas.copy(),
-            self.dev_free.copy(),
-            self.whole_count,
+            min(self.free_pods, LOOK_POD_SLOTS),
+            tuple(self.dev_free),
+            tuple(self.dev_whole),
+            tuple(group is not None for group in self.dev_group),
+            tuple(self.dev_pod_gpus),
+            self.fixed,
         )
 
-    def restore(self, saved: tuple[object, ...]) -> None:
-        (
-            self.free_cpu,
-            self.free_mem,
-            self.free_pods,
-            self.dev_allotted,
-            self.dev_whole,
-            self.dev_group,
-            self.dev_meas,
-            self.dev_free,
-            self.whole_count,
-        ) = saved  # type: ignore[assignment]
-
-    def state(self) -> scoring.NodeState:
-        """The node as a scorer sees it (cached until the node changes)."""
-        if self.scored_state is None:
-            self.scored_state = self._build_state()
-        return self.scored_state
-
-    def _build_state(self) -> scoring.NodeState:
+    def build_state(self) -> scoring.NodeState:
+        """The node as a scorer sees it."""
         return scoring.NodeState(
             free_milli_cpu=self.free_cpu,
             free_memory_bytes=self.free_mem,
@@ -134,15 +181,81 @@ class NodeWork:
             allocatable_memory_bytes=self.alloc_mem,
             device_free_milli=tuple(self.dev_free),
             device_memory_bytes=self.dev_mem,
+            device_models=self.dev_model,
             device_whole_free=tuple(self.dev_whole),
             device_shared=tuple(group is not None for group in self.dev_group),
+            device_pod_gpus=tuple(self.dev_pod_gpus),
         )
+
+
+def _pod_gpus(device: model.Device, on_node: tuple[model.Device, ...]) -> int:
+    if not device.whole or not device.holders:
+        return 0
+    return sum(1 for other in on_node if other.whole and other.holders == device.holders)
+
+
+def _note_pod_gpus(work: NodeWork, whole_before: list[bool]) -> None:
+    """After one placement or eviction on ``work``: the devices it took whole went to one pod (so they count each
+    other), and devices it freed or shared are held by no whole pod any more."""
+    taken = [
+        device
+        for device, was_free in enumerate(whole_before)
+        if was_free and not work.dev_whole[device] and work.dev_group[device] is None
+    ]
+    pod_gpus = work.dev_pod_gpus
+    for device in range(len(pod_gpus)):
+        if work.dev_whole[device] or work.dev_group[device] is not None or not work.dev_allotted[device]:
+            pod_gpus[device] = 0
+    for device in taken:
+        pod_gpus[device] = len(taken)
+
+
+class Look:
+    """The nodes of one class that placement cannot tell apart, in node order, and what the searcher knows of them.
+
+    Two nodes look alike when the scorer's ``NodeState`` is equal and so are their free pod slots (counted up to
+    ``LOOK_POD_SLOTS``): the filters, the device choice and the scorer then treat them the same, so a search scores
+    the look once and, as ties go to node order, only its first member can win. The quick-reject fields copy what
+    the search checks first. ``best`` is the searcher's answer per pod shape id, valid while ``epoch`` matches its
+    own (a new scorer or a new numbering of shapes starts a new epoch).
+    """
+
+    __slots__ = (
+        "best",
+        "epoch",
+        "free_cpu",
+        "free_mem",
+        "free_pods",
+        "key",
+        "members",
+        "most_share",
+        "state",
+        "whole_count",
+    )
+
+    def __init__(self, work: NodeWork, key: tuple[object, ...]) -> None:
+        self.key = key
+        self.members: list[int] = []
+        self.free_cpu = work.free_cpu
+        self.free_mem = work.free_mem
+        self.free_pods = min(work.free_pods, LOOK_POD_SLOTS)
+        self.whole_count = work.whole_count
+        self.most_share = max(work.dev_free, default=0)
+        self.state: scoring.NodeState | None = None
+        self.best: dict[int, LookBest] = {}
+        self.epoch = -1
+
+    def scoring_state(self, work: NodeWork) -> scoring.NodeState:
+        """The look's ``NodeState`` (built from ``work``, one of its members, the first time it is asked for)."""
+        if self.state is None:
+            self.state = work.build_state()
+        return self.state
 
 
 class ClassIndex:
     """The capacity indexes of one node class."""
 
-    __slots__ = ("cpu", "members", "node_class", "shared", "whole")
+    __slots__ = ("cpu", "idle", "looks", "members", "node_class", "shared", "whole")
 
     def __init__(self, node_class: filters.NodeClass) -> None:
         self.node_class = node_class
@@ -150,9 +263,13 @@ class ClassIndex:
         self.shared: list[tuple[int, int, int, int]] = []
         self.cpu: list[tuple[int, int, int]] = []
         self.members: list[int] = []
+        self.looks: dict[tuple[object, ...], Look] = {}
+        """The looks with nodes, by key."""
+        self.idle: dict[tuple[object, ...], Look] = {}
+        """Looks without nodes now, by key, the longest idle first."""
 
 
-UndoEntry = tuple[NodeWork, tuple[object, ...]]
+UndoEntry = tuple[NodeWork, Saved]
 
 
 class Capacity:
@@ -281,6 +398,13 @@ class Capacity:
         for device, group in enumerate(work.dev_group):
             if group is not None and work.dev_free[device] > 0:
                 bisect.insort(index.shared, (work.dev_free[device], work.whole_count, work.order, device))
+        key = work.look_key()
+        look = index.looks.get(key)
+        if look is None:
+            look = index.idle.pop(key, None) or Look(work, key)
+            index.looks[key] = look
+        bisect.insort(look.members, work.order)
+        work.look = look
 
     def _unindex(self, work: NodeWork) -> None:
         index = self.classes[work.cls]
@@ -292,6 +416,18 @@ class Capacity:
             if group is not None and work.dev_free[device] > 0:
                 entry = (work.dev_free[device], work.whole_count, work.order, device)
                 del index.shared[bisect.bisect_left(index.shared, entry)]
+        look = work.look
+        if look is None:
+            raise RuntimeError(f"node {work.name} is not indexed")
+        work.look = None
+        members = look.members
+        del members[bisect.bisect_left(members, work.order)]
+        if not members:
+            del index.looks[look.key]
+            idle = index.idle
+            idle[look.key] = look
+            if len(idle) > len(index.looks) + _IDLE_LOOKS:
+                del idle[next(iter(idle))]
 
     # --- tentative changes ------------------------------------------------------------------------------------
 
@@ -299,10 +435,13 @@ class Capacity:
         """Call before changing ``work``: takes it out of the indexes and remembers its state for undo."""
         self._unindex(work)
         self.undo.append((work, work.save()))
-        work.scored_state = None
 
     def end(self, work: NodeWork) -> None:
-        """Call after changing ``work``: puts it back into the indexes."""
+        """Call after changing ``work`` (one placement or eviction since ``begin``): puts it back into the indexes."""
+        began, saved = self.undo[-1]
+        if began is not work:
+            raise RuntimeError(f"Capacity.end({work.name}) without its begin")
+        _note_pod_gpus(work, saved.dev_whole)
         self._index(work)
 
     def checkpoint(self) -> int:
@@ -315,7 +454,6 @@ class Capacity:
             work, saved = undo.pop()
             self._unindex(work)
             work.restore(saved)
-            work.scored_state = None
             self._index(work)
 
 

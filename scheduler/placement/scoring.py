@@ -1,9 +1,10 @@
 """How a choice of node and devices is scored for a pod: the seam where placement strategies plug in.
 
-A scorer sees plain values only (a ``NodeState`` and a ``GpuRequest``: integers and tuples of integers), so it can
-be written, tested and memoised without the engine: the engine calls it once per distinct (node state, request,
-devices) and caches the answer, since the same value always scores the same. Higher is better; ties go to the node
-whose name sorts first, then to the lowest device indexes, so a plan never depends on hashing.
+A scorer sees plain values only (a ``NodeState`` and a ``GpuRequest``: integers, strings and tuples of them), so it
+can be written, tested and memoised without the engine: the engine calls it once per distinct node look and pod
+shape and caches the answer, since the same value always scores the same. Higher is better; ties go to the node
+whose name sorts first, then to the lowest device indexes, so a plan never depends on hashing. A scorer that wants
+its ties drawn at random instead (the simulator's Random baseline) says so by being ``DrawsTies``.
 
 The built-in strategies, composed from a node-level and a device-level policy:
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 MILLI_GPU_PER_DEVICE = 1000
 # Every part of a built-in score lies in [0, _PART): milli-GPU per device is at most 1000, a node's free devices are
@@ -45,8 +46,11 @@ class NodeState:
 
     ``device_free_milli``: per device (index order) the milli-GPU a share could still take there (request-based
     free, lowered by measured free memory where telemetry is fresh); 0 for a device held whole or unhealthy.
+    ``device_models``: the GPU model of each device (``nvidia.com/gpu.product`` as the node reports it).
     ``device_whole_free``: the device is free for a whole-GPU pod or a new GPU group. ``device_shared``: the device
-    belongs to a GPU group (a share may join it).
+    belongs to a GPU group (a share may join it). ``device_pod_gpus``: for a device a pod holds whole, the number of
+    devices of the node that pod holds (so one 2-GPU pod and two 1-GPU pods look different); 0 for a free or shared
+    device, or one held by something the scheduler does not know.
     """
 
     free_milli_cpu: int
@@ -55,8 +59,10 @@ class NodeState:
     allocatable_memory_bytes: int
     device_free_milli: tuple[int, ...]
     device_memory_bytes: tuple[int, ...]
+    device_models: tuple[str, ...]
     device_whole_free: tuple[bool, ...]
     device_shared: tuple[bool, ...]
+    device_pod_gpus: tuple[int, ...]
 
     @property
     def whole_free_count(self) -> int:
@@ -97,6 +103,20 @@ class GpuPlacementScorer(Protocol):
     """
 
     def __call__(self, state: NodeState, request: GpuRequest, devices: tuple[int, ...]) -> int: ...
+
+
+@runtime_checkable
+class DrawsTies(Protocol):
+    """A scorer whose best-scored nodes are drawn uniformly at random, not taken in node order.
+
+    The searcher calls ``draw_tie(count)`` once per pod that has a placement, with the number of nodes sharing the
+    best score, and gives the pod to that node (counted in node order). The draw is the scorer's own business (a
+    seeded source keeps a run reproducible); the engine's default scorers do not draw.
+    """
+
+    def draw_tie(self, count: int) -> int:
+        """An index in ``[0, count)``."""
+        ...
 
 
 def lexicographic(*parts: int) -> int:

@@ -7,19 +7,30 @@ Two paths give the same answer for the built-in binpack scorer (a property test 
   order the scorer would rank them and stops at the first node that also has the CPU, memory and pod slot. Its cost
   does not grow with the number of nodes, which is what makes thousands of pods per second on 5,000 nodes possible.
 - the *scored* path, for everything else (spread for shares, custom scorers, CPU-only pods, shares on several
-  devices, gpu-memory shares): every node of the eligible classes is scored, the scorer memoised by value.
+  devices, gpu-memory shares): every distinct *look* of the eligible classes (``capacity.Look``: nodes that the
+  filters, the device choice and the scorer cannot tell apart) is scored once, and its answer kept on the look for
+  the next pod of the same shape, so the cost follows the number of distinct node states, not of nodes, and a
+  node state is never hashed during a search. A pod that needs more pod slots than a look records goes node by node
+  (``group_alike`` off does the same for every pod: the reference the tests hold the grouped search to).
 
-Both break ties by node order (name order), then by device index, so a plan never depends on hashing.
+Both break ties by node order (name order), then by device index, so a plan never depends on hashing; a scorer that
+is ``scoring.DrawsTies`` has its tied nodes drawn instead.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
+from collections.abc import Sequence
 
 from scheduler.placement import capacity, devices, filters, model, scoring
 
 _MEMO_LIMIT = 500_000
+# Pod shapes are numbered for the looks' caches; past this many the numbering (and every cache) starts afresh.
+_SHAPE_LIMIT = 20_000
+# What a look's cache holds for a shape that fits none of its device choices (told apart by identity).
+_NOWHERE: capacity.LookBest = (0, (-1,), ())
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,7 +78,12 @@ class Searcher:
         self._eligible: dict[filters.Constraints, tuple[int, tuple[int, ...]]] = {}
         self._ever: dict[Shape, bool] = {}
         self._offered: dict[filters.Constraints, int] = {}
-        self._memo: dict[tuple[scoring.NodeState, scoring.GpuRequest, tuple[int, ...]], int] = {}
+        self._shape_ids: dict[Shape, int] = {}
+        self._epoch = 0
+        """Bumped when the scorers or the shape numbering change: what the looks cached before is void."""
+        self.group_alike = True
+        """Score each look once (False: every node, the slow reference the tests compare against)."""
+        self.draw_tie: scoring.DrawsTies | None = None
         self.scorer: scoring.GpuPlacementScorer = scoring.builtin(
             node=scoring.Strategy.BINPACK, device=scoring.Strategy.BINPACK
         )
@@ -82,13 +98,21 @@ class Searcher:
 
     def configure(self, config: model.Config, demanded: tuple[int, ...]) -> None:
         """Set the scorers for this cycle (the demanded share sizes come from the pending pods)."""
-        key = (config.scorer, config.gpu_strategy, config.cpu_strategy, config.device_strategy, demanded)
+        builtin = config.scorer is None
+        self.demanded = demanded
+        # The demanded sizes only shape the built-in scorer; a configured one keeps its caches from cycle to cycle.
+        key = (
+            config.scorer,
+            config.gpu_strategy,
+            config.cpu_strategy,
+            config.device_strategy,
+            demanded if builtin else (),
+        )
         if key == self._config_key:
             return
         self._config_key = key
-        self._memo.clear()
-        self.demanded = demanded
-        builtin = config.scorer is None
+        self._epoch += 1
+        self.draw_tie = config.scorer if isinstance(config.scorer, scoring.DrawsTies) else None
         self.scorer = config.scorer or scoring.builtin(
             node=config.gpu_strategy, device=config.device_strategy, demanded=demanded
         )
@@ -296,43 +320,103 @@ class Searcher:
 
     def _find_scored(self, shape: Shape, eligible: tuple[int, ...]) -> Choice | None:
         scorer = self.scorer if shape.wants_gpu else self.cpu_scorer
-        memo = self._memo
-        if len(memo) > _MEMO_LIMIT:
-            memo.clear()
+        share = shape.share
         classes = self.capacity.classes
         by_order = self.capacity.by_order
-        best_key: tuple[int, int, tuple[int, ...]] | None = None
-        best: Choice | None = None
         fixed_request = _request(shape, None)
-        # Nodes of one class that look the same to the filters and the scorer (same state, pod slots and device
-        # models) offer the same choices with the same scores; members come in node order, so the first of them
-        # wins every tie and the others can be skipped. Exact, and on a large uniform cluster most nodes are alike.
-        seen: set[tuple[scoring.NodeState, int, tuple[str, ...]]] = set()
-        for cls in eligible:
-            seen.clear()
-            for order in classes[cls].members:
-                work = by_order[order]
-                look = (work.state(), work.free_pods, work.dev_model)
-                if look in seen:
-                    continue
-                seen.add(look)
-                for chosen, per_device in _device_choices(work, shape):
-                    slots = shape.pods + (_opened_groups(work, chosen) if shape.share is not None else 0)
-                    if not work.fits_basics(shape.milli_cpu, shape.memory_bytes, slots):
+        # The best score so far and every candidate with it: (its first node, its nodes in node order, its answer).
+        top_score = 0
+        top: list[tuple[int, Sequence[int], capacity.LookBest]] = []
+        if self.group_alike and shape.pods + (share.devices if share is not None else 0) <= capacity.LOOK_POD_SLOTS:
+            shape_id = self._shape_id(shape)
+            epoch = self._epoch
+            cpu, memory, pods, whole = shape.milli_cpu, shape.memory_bytes, shape.pods, shape.whole_gpus
+            milli = share.milli_gpu if share is not None else 0
+            for cls in eligible:
+                for look in classes[cls].looks.values():
+                    members = look.members
+                    if (
+                        look.free_cpu < cpu
+                        or look.free_mem < memory
+                        or look.free_pods < pods
+                        or look.whole_count < whole
+                        or look.most_share < milli
+                    ):
                         continue
-                    request = fixed_request if not per_device or shape.share is None else _request(shape, per_device)
-                    state = work.state()
-                    memo_key = (state, request, chosen)
-                    score = memo.get(memo_key)
-                    if score is None:
-                        score = scorer(state, request, chosen)
-                        memo[memo_key] = score
-                    key = (-score, order, chosen)
-                    if best_key is None or key < best_key:
-                        best_key = key
-                        share_milli = tuple(per_device[device] for device in chosen) if shape.share else ()
-                        best = Choice(work=work, devices=chosen, share_milli=share_milli)
-        return best
+                    known = look.best
+                    if look.epoch != epoch:
+                        known.clear()
+                        look.epoch = epoch
+                    found = known.get(shape_id)
+                    if found is None:
+                        work = by_order[members[0]]
+                        found = known[shape_id] = _best_on(work, look, shape, scorer, fixed_request) or _NOWHERE
+                    if found is _NOWHERE:
+                        continue
+                    if not top or found[0] > top_score:
+                        top_score = found[0]
+                        top = [(members[0], members, found)]
+                    elif found[0] == top_score:
+                        top.append((members[0], members, found))
+        else:
+            for cls in eligible:
+                for order in classes[cls].members:
+                    work = by_order[order]
+                    if work.look is None:
+                        raise RuntimeError(f"node {work.name} is out of the indexes during a search")
+                    found = _best_on(work, work.look, shape, scorer, fixed_request)
+                    if found is None:
+                        continue
+                    if not top or found[0] > top_score:
+                        top_score = found[0]
+                        top = [(order, (order,), found)]
+                    elif found[0] == top_score:
+                        top.append((order, (order,), found))
+        if not top:
+            return None
+        # Every node is in one candidate, so first nodes differ and tuples compare on them alone.
+        if self.draw_tie is None:
+            first, _, (_, chosen, share_milli) = min(top)
+            return Choice(work=by_order[first], devices=chosen, share_milli=share_milli)
+        tied = sorted(itertools.chain.from_iterable(nodes for _, nodes, _ in top))
+        drawn = self.draw_tie.draw_tie(len(tied))
+        if not 0 <= drawn < len(tied):
+            raise ValueError(f"draw_tie drew {drawn} of {len(tied)} tied nodes")
+        order = tied[drawn]
+        for first, nodes, (_, chosen, share_milli) in top:
+            if first <= order <= nodes[-1] and nodes[bisect.bisect_left(nodes, order)] == order:
+                return Choice(work=by_order[order], devices=chosen, share_milli=share_milli)
+        raise RuntimeError(f"tied node {order} belongs to no candidate")
+
+    def _shape_id(self, shape: Shape) -> int:
+        found = self._shape_ids.get(shape)
+        if found is None:
+            if len(self._shape_ids) >= _SHAPE_LIMIT:
+                self._shape_ids.clear()
+                self._epoch += 1
+            found = self._shape_ids[shape] = len(self._shape_ids)
+        return found
+
+
+def _best_on(
+    work: capacity.NodeWork,
+    look: capacity.Look,
+    shape: Shape,
+    scorer: scoring.GpuPlacementScorer,
+    fixed_request: scoring.GpuRequest,
+) -> capacity.LookBest | None:
+    """The best-scored device choice for ``shape`` on ``work`` (the lowest devices among equal scores), if any."""
+    best: capacity.LookBest | None = None
+    for chosen, per_device in _device_choices(work, shape):
+        slots = shape.pods + (_opened_groups(work, chosen) if shape.share is not None else 0)
+        if not work.fits_basics(shape.milli_cpu, shape.memory_bytes, slots):
+            continue
+        request = fixed_request if not per_device or shape.share is None else _request(shape, per_device)
+        score = scorer(look.scoring_state(work), request, chosen)
+        if best is None or score > best[0] or (score == best[0] and chosen < best[1]):
+            share_milli = tuple(per_device[device] for device in chosen) if shape.share else ()
+            best = (score, chosen, share_milli)
+    return best
 
 
 def _could_hold_when_empty(work: capacity.NodeWork, shape: Shape) -> bool:

@@ -1,30 +1,31 @@
 """The openb replay through the real placement engine: ``cycle.Engine`` with a policy plugged in as its scorer.
 
 The trace's nodes become ``model.Node`` values (the GPU model on every device and in the ``nvidia.com/gpu.product``
-label), each pod becomes a one-pod group of one queue, and a policy's scorer is handed to the engine through
-``model.Config.scorer``, so the engine's own filters, device choice, gang gate and plan run, exactly as in the
+label, the device memory of that model), each pod becomes a one-pod group of one queue, and a policy's scorer is
+handed to the engine through ``model.Config.scorer``, so the engine's own filters (``gpu_spec`` constraints are the
+pods' GPU models, checked by the engine's model filter), device choice, gang gate and plan run, exactly as in the
 scheduler. One cycle per whole percent of arrived demand takes the pods that arrived in that step, oldest first;
 the pods it leaves pending have failed and are not submitted again.
 
 Node order matters for ties (the engine gives a tie to the node whose name sorts first), so nodes are named after
 their rank in the run's node order, as the public FGD simulator does with its random name prefixes.
 
-What the engine's scorer sees is a ``scoring.NodeState``: free CPU and memory, free share per device, the devices'
-memory sizes. It has no GPU model, which fragmentation needs (a typical pod may be held to a model), so every model
-gets a device memory size of its own here and the adapter reads the model back from it.
+What the engine's scorer sees is a ``scoring.NodeState``; ``EngineScorer`` turns it into the ``NodeFree`` the
+policies score: the GPU model from the devices, and, for GpuClustering, the kinds of GPU pods on the node (``share``
+when a device is in a GPU group, ``k-gpu`` for a pod holding k devices whole). The Random baseline's ties are drawn
+through the engine's ``scoring.DrawsTies`` seam from a source seeded like the fast path's, so the engine replays
+every policy; Random's draws fall differently from the fast path's (the same distribution, not the same nodes).
 
-Two gaps to the fast path (``replay``), both at seams of the engine:
-
-- CPU-only pods: ``Config.scorer`` scores GPU pods only, CPU-only pods go by the built-in binpack, so a policy that
-  places CPU-only pods with care (``quotient`` does) scores lower here (about 0.3 points on the default trace);
-- speed: with a custom scorer the engine scores every node for every pod (``search.Searcher._find_scored``), about
-  40 s for one seed of the default trace at 130% instead of 5 s through ``replay``; scoring each distinct node state
-  once per pod, as ``replay`` does, would close the gap.
+The engine scores each distinct node look once per pod shape (``search``), which brings a seed of the default trace
+at 130% to a few seconds. It agrees with the fast path (``replay``) where nothing ties; where scores tie the two
+can part (the fast path sorts a node's devices by free share, the engine keeps device indexes), by less than the
+seed-to-seed spread.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import Iterable, Mapping, Sequence
 
 from common.quantities import GIB, MIB
@@ -37,8 +38,7 @@ from scheduler.sim.openb import TraceNode, TracePod
 QUEUE = model.QueueName("openb")
 # Pod slots are not part of the experiment; a reservation pod per shared device must never be the limit.
 _POD_SLOTS = 10_000
-# Device memory per known model (the public simulator's MapGpuTypeMemoryMiB); other models get 16 GiB. Every model
-# is then offset by its rank in MiB so the adapter can tell models apart by memory size.
+# Device memory per known model (the public simulator's MapGpuTypeMemoryMiB); other models get 16 GiB.
 _KNOWN_MEMORY_MIB = {
     "T4": 15109,
     "V100M16": 16160,
@@ -50,9 +50,10 @@ _KNOWN_MEMORY_MIB = {
 
 
 def device_memory_by_model(nodes: Iterable[TraceNode]) -> dict[str, int]:
-    """A distinct device memory size (bytes) for every GPU model of the trace."""
-    models = sorted({node.gpu_model for node in nodes if node.gpu_count})
-    return {name: _KNOWN_MEMORY_MIB.get(name, 16 * GIB // MIB) * MIB + rank * MIB for rank, name in enumerate(models)}
+    """The device memory (bytes) of every GPU model of the trace."""
+    return {
+        node.gpu_model: _KNOWN_MEMORY_MIB.get(node.gpu_model, 16 * GIB // MIB) * MIB for node in nodes if node.gpu_count
+    }
 
 
 def engine_node(node: TraceNode, *, rank: int, memory: Mapping[str, int]) -> model.Node:
@@ -109,20 +110,28 @@ def engine_group(pod: TracePod, *, index: int) -> model.Group:
     )
 
 
+def resident_kinds(state: scoring.NodeState) -> frozenset[str]:
+    """The GPU request classes of the pods on a node (``replay.request_kind``), as far as its devices show them."""
+    kinds = {f"{count}-gpu" for count in state.device_pod_gpus if count}
+    if any(state.device_shared):
+        kinds.add("share")
+    return frozenset(kinds)
+
+
 class EngineScorer:
     """A replay ``Scorer`` seen through the engine's scoring seam (``scoring.GpuPlacementScorer``)."""
 
-    def __init__(self, scorer: replay.Scorer, *, model_by_memory: Mapping[int, str]) -> None:
+    def __init__(self, scorer: replay.Scorer) -> None:
         self._scorer = scorer
-        self._model_by_memory = model_by_memory
+        self._kinds = scorer.needs_resident_kinds
 
     def __call__(self, state: scoring.NodeState, request: scoring.GpuRequest, devices: tuple[int, ...]) -> int:
-        gpu_model = self._model_by_memory.get(state.device_memory_bytes[0], "") if state.device_memory_bytes else ""
         node = NodeFree(
-            gpu_model=gpu_model,
+            gpu_model=state.device_models[0] if state.device_models else "",
             milli_cpu=state.free_milli_cpu,
             memory_bytes=state.free_memory_bytes,
             devices=state.device_free_milli,
+            resident_kinds=resident_kinds(state) if self._kinds else frozenset(),
         )
         if request.is_share:
             pod = PodShape(
@@ -141,20 +150,24 @@ class EngineScorer:
         return self._scorer(node, pod, devices)
 
 
+class DrawingEngineScorer(EngineScorer):
+    """An ``EngineScorer`` for a policy that breaks ties at random: the engine asks it to draw (``DrawsTies``)."""
+
+    def __init__(self, scorer: replay.Scorer, *, seed: int) -> None:
+        super().__init__(scorer)
+        self._ties = random.Random(f"ties-{seed}")
+
+    def draw_tie(self, count: int) -> int:
+        return self._ties.randrange(count)
+
+
 class EngineCluster:
     """The trace's cluster held as an engine snapshot; ``submit`` runs one cycle for a batch of arrived pods."""
 
-    def __init__(self, nodes: Sequence[TraceNode], scorer: replay.Scorer) -> None:
-        if scorer.needs_resident_kinds or scorer.breaks_ties_at_random:
-            raise ValueError(
-                "this policy reads what the engine's scorer cannot see (the pods on a node, or a random source); "
-                "replay it with the fast path"
-            )
+    def __init__(self, nodes: Sequence[TraceNode], scorer: replay.Scorer, *, seed: int) -> None:
         memory = device_memory_by_model(nodes)
-        self._model_by_memory = {size: name for name, size in memory.items()}
-        config = model.Config(
-            scorer=EngineScorer(scorer, model_by_memory=self._model_by_memory), actions=(model.Action.ALLOCATE,)
-        )
+        adapted = DrawingEngineScorer(scorer, seed=seed) if scorer.breaks_ties_at_random else EngineScorer(scorer)
+        config = model.Config(scorer=adapted, actions=(model.Action.ALLOCATE,))
         self._engine = cycle.Engine()
         self.snapshot = model.snapshot(
             nodes=[engine_node(node, rank=rank, memory=memory) for rank, node in enumerate(nodes)],
@@ -166,6 +179,7 @@ class EngineCluster:
         self.total_milli_gpu = sum(node.gpu_count for node in nodes) * MILLI_GPU_PER_DEVICE
         self.allocated_milli_gpu = 0
         self._next_index = 0
+        self._free: dict[model.NodeName, tuple[model.Node, NodeFree]] = {}
 
     def submit(self, pods: Sequence[TracePod]) -> list[bool]:
         """Offer ``pods`` (in arrival order) to one engine cycle; which of them were placed."""
@@ -185,18 +199,24 @@ class EngineCluster:
 
     def states(self) -> Iterable[tuple[NodeFree, int]]:
         """Every node's free state (for the fragmentation measure), one node at a time."""
-        for node in self.snapshot.nodes.values():
-            free = node.allocatable - node.used
-            devices = tuple(
-                0
-                if device.whole or (device.gpu_group is None and device.allotted_milli_gpu)
-                else MILLI_GPU_PER_DEVICE - device.allotted_milli_gpu
-                for device in node.devices
-            )
-            gpu_model = node.devices[0].model if node.devices else ""
-            yield (
-                NodeFree(
-                    gpu_model=gpu_model, milli_cpu=free.milli_cpu, memory_bytes=free.memory_bytes, devices=devices
-                ),
-                1,
-            )
+        known = self._free
+        for name, node in self.snapshot.nodes.items():
+            cached = known.get(name)
+            if cached is None or cached[0] is not node:  # a cycle replaces the nodes it changed, and only those
+                cached = known[name] = (node, _free_state(node))
+            yield cached[1], 1
+
+
+def _free_state(node: model.Node) -> NodeFree:
+    free = node.allocatable - node.used
+    return NodeFree(
+        gpu_model=node.devices[0].model if node.devices else "",
+        milli_cpu=free.milli_cpu,
+        memory_bytes=free.memory_bytes,
+        devices=tuple(
+            0
+            if device.whole or (device.gpu_group is None and device.allotted_milli_gpu)
+            else MILLI_GPU_PER_DEVICE - device.allotted_milli_gpu
+            for device in node.devices
+        ),
+    )

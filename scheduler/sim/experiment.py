@@ -96,10 +96,10 @@ def typical_profile(pods: Sequence[TracePod]) -> WorkloadProfile:
 
 
 class Backend(enum.StrEnum):
-    FAST = "fast"
-    """``replay.ReplayCluster``: the policy's scorer over grouped node states, one pod at a time."""
     ENGINE = "engine"
     """``enginereplay.EngineCluster``: the real placement engine, one cycle per whole percent of arrived demand."""
+    FAST = "fast"
+    """``replay.ReplayCluster``: the rules written without the engine, one pod at a time (a cross-check)."""
 
 
 class _Cluster(Protocol):
@@ -143,7 +143,7 @@ def run_seed(
     policy: Callable[[policies.PolicyContext], replay.Scorer],
     seed: int,
     target_percent: int = DEFAULT_INFLATE_PERCENT,
-    backend: Backend = Backend.FAST,
+    backend: Backend = Backend.ENGINE,
     report_meter: fragmentation.FragmentationMeter | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> SeedResult:
@@ -161,7 +161,7 @@ def run_seed(
     ordered_nodes = node_order(nodes, seed=seed)
     cluster: _Cluster
     if backend is Backend.ENGINE:
-        cluster = enginereplay.EngineCluster(ordered_nodes, scorer)
+        cluster = enginereplay.EngineCluster(ordered_nodes, scorer, seed=seed)
     else:
         cluster = _FastCluster(ordered_nodes, scorer, seed=seed)
 

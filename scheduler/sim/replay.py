@@ -1,11 +1,11 @@
-"""A simulated cluster that places pods one at a time with a placement scorer: the fast path of the simulator.
+"""A simulated cluster that places pods one at a time with a placement scorer: the simulator's cross-check.
 
 A pod goes where the scorer rates the (node, devices) choice highest among the feasible ones, with the engine's
 rules: CPU, memory and GPU model must fit, a share goes on one device with enough left, k whole GPUs on k completely
 free devices; ties go to the first node in node order, then to the first device choice. ``enginereplay`` drives the
-real placement engine with the same scorers and the same node order and is checked against this module; this one
-exists because the engine still scores every node for every pod when a custom scorer is set (see ``enginereplay``
-for the seam that would make it as fast), and the openb bar needs hundreds of full replays.
+real placement engine with the same scorers and the same node order, and is what ``quotient simulate`` runs; this
+module is a second implementation of the experiment's rules written without the engine, kept as ``--backend fast``
+so the two can be checked against each other (they agree where nothing ties, see ``enginereplay``).
 
 Speed comes from grouping: nodes in the same state (GPU model, free CPU, free memory, free share of each device in
 descending order, since which index a device has does not matter here) are interchangeable, so each state is

@@ -1,16 +1,18 @@
 """Properties of whole cycles on random small clusters: nothing over-committed, gangs all or nothing, queue limits
-and non-preemptible quotas respected, plans deterministic (fresh or warm engine), and the indexed search placing
-exactly as the scored search with the same built-in scorer."""
+and non-preemptible quotas respected, plans deterministic (fresh or warm engine), the indexed search placing
+exactly as the scored search with the same built-in scorer, and the scored search, which scores each distinct node
+look once, placing exactly as a search that scores every node."""
 
 from __future__ import annotations
 
 import dataclasses
+import random
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common.resources import Resources
-from scheduler.placement import applying, cycle, fairshare, model, scoring
+from scheduler.placement import applying, cycle, fairshare, model, plan, scoring
 from tests.unit.placement import builders
 
 GIB = builders.GIB
@@ -258,6 +260,55 @@ def test_the_indexed_search_places_as_the_scored_search_with_the_same_scorer(
     )
     got, want = cycle.run(scored), cycle.run(snapshot)
     assert got.placements == want.placements, (got.statuses, want.statuses, snapshot.nodes, snapshot.queues)
+
+
+class _Coarse:
+    """A scorer that reads every part of the state and ties often, as the simulator's policies do."""
+
+    def __call__(self, state: scoring.NodeState, request: scoring.GpuRequest, devices: tuple[int, ...]) -> int:
+        return (
+            7 * (sum(state.device_free_milli) // 500)
+            + state.free_milli_cpu // 8000
+            + 3 * sum(state.device_pod_gpus)
+            + sum(state.device_shared)
+            + len(set(state.device_models))
+            + (devices[0] if devices else 0)
+        )
+
+
+class _Drawing(_Coarse):
+    """The same scores, ties drawn from a seeded source (``scoring.DrawsTies``)."""
+
+    def __init__(self, seed: int) -> None:
+        self._source = random.Random(seed)
+
+    def draw_tie(self, count: int) -> int:
+        return self._source.randrange(count)
+
+
+def _two_cycles(engine: cycle.Engine, snapshot: model.Snapshot, later: list[model.Group]) -> list[plan.Plan]:
+    first = engine.run(snapshot)
+    after = applying.apply(snapshot, first)
+    groups = dict(after.groups)
+    groups.update((group.id, group) for group in later)
+    return [first, engine.run(dataclasses.replace(after, groups=groups, now_ns=after.now_ns + 10**12))]
+
+
+@_SETTINGS
+@given(_snapshots(), st.booleans())
+def test_the_scored_search_places_by_look_exactly_as_node_by_node(
+    case: tuple[model.Snapshot, list[model.Group]], drawing: bool
+) -> None:
+    snapshot, later = case
+    plans = []
+    for group_alike in (True, False):
+        scorer = _Drawing(7) if drawing else _Coarse()
+        configured = dataclasses.replace(snapshot, config=dataclasses.replace(snapshot.config, scorer=scorer))
+        engine = cycle.Engine()
+        engine.searcher.group_alike = group_alike
+        plans.append(_two_cycles(engine, configured, later))
+    by_look, by_node = plans
+    assert [p.placements for p in by_look] == [p.placements for p in by_node]
 
 
 def test_a_cycle_reads_only_what_changed_and_still_answers_like_a_fresh_engine() -> None:

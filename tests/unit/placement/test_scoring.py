@@ -16,8 +16,10 @@ def _state(free: tuple[int, ...], *, shared: tuple[bool, ...] | None = None) -> 
         allocatable_memory_bytes=1 << 34,
         device_free_milli=free,
         device_memory_bytes=(1 << 34,) * len(free),
+        device_models=("A100",) * len(free),
         device_whole_free=tuple(value == 1000 and not is_shared for value, is_shared in zip(free, shared, strict=True)),
         device_shared=shared,
+        device_pod_gpus=tuple(1 if value == 0 else 0 for value in free),
     )
 
 

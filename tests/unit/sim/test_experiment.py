@@ -5,8 +5,10 @@ import dataclasses
 import pytest
 
 from common.quantities import GIB
-from scheduler.sim import experiment, policies
+from scheduler.sim import enginereplay, experiment, policies
 from scheduler.sim.openb import TraceNode, TracePod
+
+_CONTEXT = policies.PolicyContext(shapes=())
 
 
 def node(name: str, gpus: int, *, cpu: int = 32_000, memory: int = 64 * GIB, model: str = "T4") -> TraceNode:
@@ -67,27 +69,49 @@ def test_fragmentation_counts_what_the_typical_pods_cannot_use() -> None:
     assert result.curve[130].fragmentation_percent == pytest.approx(30.0)
 
 
-def test_the_engine_backend_replays_like_the_fast_path_when_nothing_ties() -> None:
+def _small_trace() -> tuple[list[TraceNode], list[TracePod]]:
     nodes = [node("small", 2, cpu=8000), node("big", 4, cpu=64_000, model="V100M32")]
     pods = [pod("w1"), pod("w2", gpus=2, milli=1000), pod("s1", milli=500), pod("s2", milli=300), pod("c", gpus=0)]
     pods += [dataclasses.replace(pod(f"x{i}", milli=250), gpu_models=frozenset({"T4"})) for i in range(3)]
-    fast = experiment.run_seed(nodes=nodes, pods=pods, policy=policies.POLICIES["bestfit"], seed=5)
-    engine = experiment.run_seed(
-        nodes=nodes, pods=pods, policy=policies.POLICIES["bestfit"], seed=5, backend=experiment.Backend.ENGINE
-    )
+    return nodes, pods
+
+
+@pytest.mark.parametrize("policy", ["bestfit", "clustering", "fgd", "quotient"])
+def test_the_engine_backend_replays_like_the_fast_path_when_nothing_ties(policy: str) -> None:
+    nodes, pods = _small_trace()
+    runs = [
+        experiment.run_seed(nodes=nodes, pods=pods, policy=policies.POLICIES[policy], seed=5, backend=backend)
+        for backend in (experiment.Backend.FAST, experiment.Backend.ENGINE)
+    ]
+    fast, engine = runs
     assert [p.allocated_percent for p in engine.curve] == [p.allocated_percent for p in fast.curve]
     assert engine.failed_by_kind == fast.failed_by_kind
 
 
-def test_the_engine_backend_refuses_policies_it_cannot_express() -> None:
-    with pytest.raises(ValueError, match="fast path"):
-        experiment.run_seed(
-            nodes=[node("n", 1)],
-            pods=[pod("a")],
-            policy=policies.POLICIES["random"],
-            seed=1,
-            backend=experiment.Backend.ENGINE,
+def test_the_engine_is_the_default_backend() -> None:
+    nodes, pods = _small_trace()
+    default = experiment.run_seed(nodes=nodes, pods=pods, policy=policies.POLICIES["fgd"], seed=5)
+    engine = experiment.run_seed(
+        nodes=nodes, pods=pods, policy=policies.POLICIES["fgd"], seed=5, backend=experiment.Backend.ENGINE
+    )
+    assert default == engine
+
+
+def test_random_through_the_engine_spreads_over_the_nodes_and_repeats_with_its_seed() -> None:
+    # Ten alike nodes, ten whole GPUs asked of twenty: node order alone would fill the first five nodes.
+    nodes = [node(f"n{i}", 2) for i in range(10)]
+    pods = [pod(f"p{i}") for i in range(10)]
+
+    def used(seed: int) -> list[str]:
+        cluster = enginereplay.EngineCluster(
+            experiment.node_order(nodes, seed=seed), policies.POLICIES["random"](_CONTEXT), seed=seed
         )
+        assert all(cluster.submit(pods))
+        return sorted(name for name, state in cluster.snapshot.nodes.items() if state.used.milli_cpu)
+
+    assert used(1) == used(1)
+    assert len(used(1)) > 5
+    assert used(1) != used(2)
 
 
 def test_a_cluster_without_gpus_is_refused() -> None:

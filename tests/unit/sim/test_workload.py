@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from common import clusterspec
+from common import clusterspec, quantities
 from common.errors import ClusterSpecError
 from scheduler.sim import workload
 
@@ -26,7 +26,7 @@ pods:
 
 
 def run(text: str, step: str = "30s") -> workload.WorkloadReport:
-    return workload.run(clusterspec.loads(text), step_ns=clusterspec.quantities.parse_duration_ns(step))
+    return workload.run(clusterspec.loads(text), step_ns=quantities.parse_duration_ns(step))
 
 
 def test_utilisation_waits_and_fair_share_are_reported_per_queue() -> None:
