@@ -344,10 +344,18 @@ class LiveTelemetry:
         holders: dict[int, list[str]] = {}
         milli: dict[int, int] = {}
         policies: dict[str, overuse.OverusePolicy] = {}
+        shared_groups = {group for pod in on_node for group in objects.pod_gpu_groups(pod)}
         for pod in on_node:
             meta = pod.get("metadata") or {}
-            if (meta.get("labels") or {}).get(snapshot.RESERVATION_GROUP_LABEL):
-                continue  # holds the device for its group's shares; runs no GPU process of its own
+            group = (meta.get("labels") or {}).get(snapshot.RESERVATION_GROUP_LABEL)
+            if group:
+                # A reservation pod holds the device for its group's shares and runs no GPU process of its own. One
+                # whose group has no pod left still holds a device nobody uses: the detector sees the group as the
+                # holder, gone, and raises GhostAllocation if the reservation outlives the ghost threshold.
+                index_text = str((meta.get("annotations") or {}).get(RESERVATION_INDEX_ANNOTATION) or "")
+                if str(group) not in shared_groups and index_text.isascii() and index_text.isdigit():
+                    holders.setdefault(int(index_text), []).append(overuse.GROUP_HOLDER_PREFIX + str(group))
+                continue
             uid = str(meta.get("uid") or "")
             base = self.pod_view(uid, pod, state)
             held = _allotments(pod, self._request(uid, pod), state.assumed.get(uid), measured_memory, label_memory)
@@ -400,6 +408,8 @@ class LiveTelemetry:
         return NodeRows(pods=pod_rows, devices=device_rows)
 
 
+RESERVATION_INDEX_ANNOTATION = "quotient.dev/gpu-index"
+"""Written by a reservation pod (``quotient reserve``): the index of the device it holds."""
 GPU_UUIDS_ANNOTATION = "quotient.dev/gpu-uuids"
 """Written by the binder on a share (``scheduler.kube.binding``): its reservation pods' device UUIDs."""
 

@@ -37,6 +37,9 @@ from typing import Final
 from common import quantities, wire
 
 OVERUSE_POLICY_ANNOTATION: Final = "quotient.dev/overuse-policy"
+GROUP_HOLDER_PREFIX: Final = "gpu-group:"
+"""A holder named ``gpu-group:<id>`` is a GPU group whose pods are all gone while its reservation pod still holds the
+device (``NodeView.holders``)."""
 
 
 class OverusePolicy(enum.StrEnum):
@@ -496,9 +499,15 @@ class OveruseDetector:
                 holder = view.known_pods.get(uid)
                 if holder is not None and not holder.phase.terminal:
                     continue
-                what = (
-                    "a pod that is gone" if holder is None else f"pod {holder.display}, which has {holder.phase.value}"
-                )
+                if uid.startswith(GROUP_HOLDER_PREFIX):
+                    what = (
+                        f"GPU group {uid.removeprefix(GROUP_HOLDER_PREFIX)}, whose pods are all gone while its "
+                        "reservation pod still holds the device"
+                    )
+                elif holder is None:
+                    what = "a pod that is gone"
+                else:
+                    what = f"pod {holder.display}, which has {holder.phase.value}"
                 findings[(AlertName.GHOST_ALLOCATION, uid, index)] = _Finding(
                     template=Transition(
                         name=AlertName.GHOST_ALLOCATION,
@@ -513,7 +522,8 @@ class OveruseDetector:
                         queue=None if holder is None else holder.queue,
                         gpu_uuid=None if gpu is None else gpu.uuid,
                         gpu_index=index,
-                        message=f"GPU {index} of node {node} is still allotted to {what} (uid {uid})",
+                        message=f"GPU {index} of node {node} is still allotted to {what}"
+                        + ("" if uid.startswith(GROUP_HOLDER_PREFIX) else f" (uid {uid})"),
                     ),
                     grace_ns=settings.ghost_threshold_ns,
                 )

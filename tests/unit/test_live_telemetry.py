@@ -229,3 +229,28 @@ def test_alert_transitions_carry_everything_the_wire_alert_needs() -> None:
     (transition,) = telemetry.apply([sample(over, at_s=2)], state=state, now_ns=2 * S).transitions
     alert = wire.decode_alert(wire.encode(overuse.to_alert(transition, emitter="sched", boot="b", seq=1)))
     assert (alert.pod_namespace, alert.pod_name, alert.node_name, alert.gpu_index) == ("ml", "pod-a", NODE, 0)
+
+
+def reservation(uid: str, group: str, index: int) -> dict[str, Any]:
+    return pod_obj(
+        uid,
+        annotations={"quotient.dev/gpu-index": str(index), "quotient.dev/gpu-uuid": f"GPU-{index:04d}"},
+        labels={snapshot.RESERVATION_GROUP_LABEL: group},
+        gpus=1,
+    )
+
+
+def test_a_reservation_still_holding_a_device_after_its_groups_pods_are_gone_is_a_ghost() -> None:
+    held = reservation("r", "grp", 1)
+    member = share("a", "0.5", 1, labels={"runai-gpu-group": "grp"})
+    telemetry = live.LiveTelemetry(SETTINGS)
+    with_member = cluster(held, member)
+    for at_s in (0, 700):
+        sampled = sample(gpu(0), gpu(1, proc(1, 5, "a")), at_s=at_s)
+        assert telemetry.apply([sampled], state=with_member, now_ns=at_s * S).transitions == ()
+    alone = cluster(held)
+    assert telemetry.apply([sample(gpu(0), gpu(1), at_s=800)], state=alone, now_ns=800 * S).transitions == ()
+    fired = telemetry.apply([sample(gpu(0), gpu(1), at_s=1400)], state=alone, now_ns=1400 * S)
+    [ghost] = fired.transitions
+    assert (ghost.name, ghost.state, ghost.gpu_index) == (overuse.AlertName.GHOST_ALLOCATION, wire.AlertState.FIRING, 1)
+    assert "GPU group grp, whose pods are all gone" in ghost.message
