@@ -333,6 +333,8 @@ class Scheduler:
         self.alerts = alerts.AlertSink(
             metrics=metrics, recorder=self.recorder, bus=bus, identity=settings.election.identity
         )
+        self._analysed_nodes: set[str] = set()
+        """Nodes whose telemetry the live analysis holds (forgotten there when they leave the cluster)."""
         self._evict_reasons: dict[str, str] = {}
         """Pods being evicted for a reason of the telemetry (its Decision says so), by uid."""
         self._counted_nodes: Mapping[model.NodeName, model.Node] | None = None
@@ -390,15 +392,25 @@ class Scheduler:
                 await asyncio.wait_for(consumer.changed.wait(), timeout=max(0.0, next_check - loop.time()))
             changes = consumer.take_changes()
             now_ns = time.time_ns()
-            if changes.telemetry or changes.forgotten:
+            # Telemetry of a node the cluster does not have (deleted, or a name nobody registered) is not analysed:
+            # it would only raise alerts about nothing, TelemetryStale first. A node deleted from the cluster is
+            # forgotten at once (its alerts resolve).
+            nodes = self.state.nodes
+            unknown = {node for node in changes.telemetry if node not in nodes}
+            vanished = {node for node in self._analysed_nodes if node not in nodes}
+            self._analysed_nodes -= vanished | changes.forgotten
+            if unknown:
+                self.metrics.count_rejected("unknown_node", len(unknown))
+            if changes.telemetry - unknown or changes.forgotten or vanished:
                 latest = consumer.latest()
                 samples = [
                     overuse.NodeSample(telemetry=latest[node].telemetry, received_ns=latest[node].received_ns)
-                    for node in sorted(changes.telemetry)
+                    for node in sorted(changes.telemetry - unknown)
                     if node in latest
                 ]
+                self._analysed_nodes.update(sample.telemetry.node for sample in samples)
                 self._telemetry_result(
-                    telemetry.apply(samples, state=self.state, now_ns=now_ns, forgotten=changes.forgotten)
+                    telemetry.apply(samples, state=self.state, now_ns=now_ns, forgotten=changes.forgotten | vanished)
                 )
             if loop.time() >= next_check:
                 next_check = loop.time() + period_s

@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Coroutine, Iterator, Mapping
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -162,6 +162,21 @@ class TelemetryWorld:
         """Whether the pod is bound and its kubelet reports it Running."""
         pod = self.pod(name, namespace)
         return pod is not None and harness.bound(pod) and (pod.get("status") or {}).get("phase") == "Running"
+
+    def publish_many(self, messages: Sequence[tuple[str, bytes]]) -> None:
+        """Publish raw messages over one connection, in order (a flood)."""
+
+        async def send() -> None:
+            bus = NatsBus(servers=self.nats.url, name="test-flood")
+            await bus.connect_once()
+            try:
+                for subject, payload in messages:
+                    await bus.publish(subject, payload)
+                await bus.flush(timeout_s=30)
+            finally:
+                await bus.close()
+
+        self.loop.run(send())
 
     def publish(self, subject: str, payload: bytes) -> None:
         """Publish raw bytes on a subject, as a hostile or broken agent would."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import msgpack
 import pytest
@@ -216,6 +217,10 @@ def test_nats_down_means_stale_telemetry_and_scheduling_by_requests_and_garbage_
         (subjects.telemetry("gpu-free"), b"\x91" * (1024 * 1024 + 16)),
         (subjects.telemetry("someone-else"), wire.encode(telemetry_of("gpu-free", boot="f", seq=1, pod_uid="x"))),
         (
+            subjects.telemetry("gpu-free"),
+            wire.encode(telemetry_of("gpu-free", boot="g", seq=1, pod_uid=neighbour_uid)),
+        ),
+        (
             subjects.telemetry("ghost-node"),
             wire.encode(telemetry_of("ghost-node", boot="g", seq=1, pod_uid=neighbour_uid)),
         ),
@@ -223,7 +228,15 @@ def test_nats_down_means_stale_telemetry_and_scheduling_by_requests_and_garbage_
     for _ in range(20):
         for subject, payload in flood:
             world.publish(subject, payload)
-    expected = ("not_msgpack", "wrong_type", "unknown_version", "oversized", "subject_mismatch", "foreign_claim")
+    expected = (
+        "not_msgpack",
+        "wrong_type",
+        "unknown_version",
+        "oversized",
+        "subject_mismatch",
+        "foreign_claim",
+        "unknown_node",
+    )
 
     def counted() -> dict[str, float]:
         return {reason: world.value("quotient_telemetry_rejected_total", reason=reason) or 0 for reason in expected}
@@ -239,3 +252,43 @@ def test_nats_down_means_stale_telemetry_and_scheduling_by_requests_and_garbage_
     )
     assert world.scheduler.process.poll() is None
     assert running(world, "calm") and alert_value(world, "GpuMemoryOverconsumption", pod="calm") is None
+    # A node the cluster does not have is never analysed: no alert about it, stale or otherwise.
+    assert world.value("quotient_node_telemetry_age_seconds", node="ghost-node") is None
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def test_a_flood_of_unknown_nodes_and_oversized_messages_leaves_the_scheduler_memory_bounded(
+    world: TelemetryWorld,
+) -> None:
+    pid = world.scheduler.process.pid
+    before = _rss_bytes(pid)
+
+    def dropped() -> float:
+        """Every message refused (the near-1 MiB ones decode as garbage) or dropped at the door when full."""
+        return world.value("quotient_telemetry_messages_total", outcome="rejected") or 0
+
+    counted_before = dropped()
+    flood: list[tuple[str, bytes]] = []
+    for i in range(3000):
+        flood.append(
+            (subjects.telemetry(f"flood-{i}"), wire.encode(telemetry_of(f"flood-{i}", boot="f", seq=1, pod_uid="x")))
+        )
+        if i % 3 == 0:
+            flood.append((subjects.telemetry("gpu-free"), b"\x91" * (1024 * 1024 - 64)))
+    world.publish_many(flood)
+    harness.wait_until(
+        lambda: dropped() >= counted_before + 900,
+        timeout_s=60,
+        what="the big garbage messages counted",
+    )
+    grown = _rss_bytes(pid) - before
+    print(f"scheduler RSS grew by {grown / 2**20:.1f} MiB under the flood")
+    assert grown < 128 * 2**20, f"the scheduler grew by {grown / 2**20:.1f} MiB"
+    assert world.scheduler.process.poll() is None
+    assert world.value("quotient_node_telemetry_age_seconds", node="flood-1") is None
