@@ -12,6 +12,7 @@ pod, and its creation and deletion a ``Decision`` on NATS.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
@@ -21,12 +22,41 @@ from scheduler.kube import binding, client, events, reservations, webhook
 from scheduler.kube.errors import KubeError
 from scheduler.metrics import SchedulerMetrics
 from scheduler.state import objects
-from scheduler.state.cache import ClusterState
+from scheduler.state.cache import Assumption, ClusterState
 
 log = logs.get("scheduler.sharing")
 
 RECONCILE_S = 0.5
 """How often reservations are reconciled with their groups (drains, timeouts, vanished reservations)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Reading:
+    pod: Mapping[str, Any]
+    assumption: Assumption | None
+    found: tuple[reservations.Sharer, tuple[str, ...]] | None
+
+
+def _read_sharer(
+    uid: str, pod: Mapping[str, Any], assumption: Assumption | None
+) -> tuple[reservations.Sharer, tuple[str, ...]] | None:
+    """The pod as a member of its GPU groups, or None when it is in none, not placed, or finished."""
+    groups = assumption.gpu_groups if assumption is not None else objects.pod_gpu_groups(pod)
+    status = pod.get("status") or {}
+    if not groups or status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    node = assumption.node if assumption is not None else str((pod.get("spec") or {}).get("nodeName") or "")
+    if not node:
+        return None
+    meta = pod.get("metadata") or {}
+    sharer = reservations.Sharer(
+        uid=uid,
+        namespace=str(meta.get("namespace") or "default"),
+        name=str(meta.get("name") or ""),
+        node=node,
+        started=status.get("phase") == "Running",
+    )
+    return sharer, tuple(groups)
 
 
 class GroupKeeper:
@@ -54,6 +84,7 @@ class GroupKeeper:
         self._cycle = cycle
         self._on_change = on_change
         self._background: set[asyncio.Task[None]] = set()
+        self._readings: dict[str, _Reading] = {}
         self.manager = reservations.ReservationManager(api, settings, on_transition=self._step)
 
     def _step(
@@ -97,29 +128,28 @@ class GroupKeeper:
             task.cancel()
 
     def sharers(self) -> dict[str, tuple[reservations.Sharer, ...]]:
-        """The pods of every GPU group: bound or being bound, not finished."""
+        """The pods of every GPU group: bound or being bound, not finished.
+
+        Runs every round over every share of the cluster, so each pod's reading is kept while its object and its
+        assumption stay the very same objects (the state replaces a pod's object on every change)."""
         found: dict[str, list[reservations.Sharer]] = {}
-        for uid, pod in self._state.pods.items():
-            assumption = self._state.assumed.get(uid)
-            groups = assumption.gpu_groups if assumption is not None else objects.pod_gpu_groups(pod)
-            if not groups:
+        state = self._state
+        candidates = state.sharing_pods | {uid for uid, assumed in state.assumed.items() if assumed.gpu_groups}
+        readings: dict[str, _Reading] = {}
+        for uid in candidates:
+            pod = state.pods.get(uid)
+            if pod is None:
                 continue
-            status = pod.get("status") or {}
-            if status.get("phase") in ("Succeeded", "Failed"):
-                continue
-            node = assumption.node if assumption is not None else str((pod.get("spec") or {}).get("nodeName") or "")
-            if not node:
-                continue
-            meta = pod.get("metadata") or {}
-            sharer = reservations.Sharer(
-                uid=uid,
-                namespace=str(meta.get("namespace") or "default"),
-                name=str(meta.get("name") or ""),
-                node=node,
-                started=status.get("phase") == "Running",
-            )
-            for group in groups:
-                found.setdefault(group, []).append(sharer)
+            assumption = state.assumed.get(uid)
+            reading = self._readings.get(uid)
+            if reading is None or reading.pod is not pod or reading.assumption is not assumption:
+                reading = _Reading(pod=pod, assumption=assumption, found=_read_sharer(uid, pod, assumption))
+            readings[uid] = reading
+            if reading.found is not None:
+                sharer, groups = reading.found
+                for group in groups:
+                    found.setdefault(group, []).append(sharer)
+        self._readings = readings
         return {group: tuple(members) for group, members in found.items()}
 
     async def run(self, ready: Callable[[], bool]) -> None:

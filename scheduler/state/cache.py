@@ -94,6 +94,8 @@ class ClusterState:
         self.pods: dict[str, Obj] = {}
         """Our pods in every phase, and other schedulers' pods while they hold a node."""
         self.pods_by_node: dict[str, set[str]] = {}
+        self.sharing_pods: set[str] = set()
+        """Uids of the pods that record GPU groups (shares): the reservation keeper reads only these."""
         self.queues: dict[str, Obj] = {}
         self.podgroups: dict[tuple[str, str], Obj] = {}
         self.priority_classes: dict[str, int] = {}
@@ -204,6 +206,10 @@ class ClusterState:
             self._touch_group(new_group)
         self.pods[uid] = pod
         self.pod_generation[uid] = self._tick()
+        if objects.pod_gpu_groups(pod):
+            self.sharing_pods.add(uid)
+        else:
+            self.sharing_pods.discard(uid)
         if node:
             if objects.is_terminated(pod):
                 self.pods_by_node.get(node, set()).discard(uid)
@@ -217,6 +223,7 @@ class ClusterState:
     def _drop_pod(self, uid: str) -> None:
         pod = self.pods.pop(uid, None)
         self.pod_generation.pop(uid, None)
+        self.sharing_pods.discard(uid)
         assumed = self.assumed.pop(uid, None)
         if assumed is not None:
             self._touch_node(assumed.node)

@@ -196,3 +196,24 @@ async def test_a_uuid_the_watch_showed_before_the_creates_answer_is_not_lost() -
     api.manager = manager
     answer = await manager.reserve("node-a-gpu0-x", "node-a")
     assert answer == reservations.Reserved(group="node-a-gpu0-x", uuid="GPU-9", index=None, created=True)
+
+
+def test_the_keeper_reads_the_pods_of_each_group_and_follows_their_phase_and_deletion() -> None:
+    from scheduler import sharing
+    from scheduler.state import cache
+
+    state = cache.ClusterState(scheduler_names=["quotient"])
+    pending = {**_share("s1", "grp"), "status": {"phase": "Pending"}}
+    pending["spec"] = {**pending["spec"], "schedulerName": "quotient"}
+    state.put_pod(pending)
+    state.put_pod({"metadata": {"uid": "plain", "name": "plain", "namespace": "default"}, "spec": {"nodeName": "n"}})
+    keeper = sharing.GroupKeeper.__new__(sharing.GroupKeeper)
+    keeper._state, keeper._readings = state, {}
+    assert state.sharing_pods == {"s1"}
+    [member] = keeper.sharers()["grp"]
+    assert (member.uid, member.node, member.started) == ("s1", "node-a", False)
+    state.put_pod({**pending, "status": {"phase": "Running"}})  # a status write only: the state keeps the new object
+    [member] = keeper.sharers()["grp"]
+    assert member.started
+    state.delete_pod("s1")
+    assert keeper.sharers() == {} and state.sharing_pods == set()
