@@ -28,6 +28,7 @@ nodes:
   - {name: gpu-evict, gpus: {count: 1, model: A100-80GB}}
   - {name: gpu-stray, gpus: {count: 1, model: A100-80GB}}
   - {name: gpu-free, gpus: {count: 1, model: A100-80GB}}
+  - {name: cpu-only}
 """
 
 
@@ -217,8 +218,10 @@ def test_nats_down_means_stale_telemetry_and_scheduling_by_requests_and_garbage_
         (subjects.telemetry("gpu-free"), b"\x91" * (1024 * 1024 + 16)),
         (subjects.telemetry("someone-else"), wire.encode(telemetry_of("gpu-free", boot="f", seq=1, pod_uid="x"))),
         (
-            subjects.telemetry("gpu-free"),
-            wire.encode(telemetry_of("gpu-free", boot="g", seq=1, pod_uid=neighbour_uid)),
+            # A node of the cluster with no agent of its own (so no real sample replaces the forged one before it is
+            # analysed) claims a pod bound to gpu-evict.
+            subjects.telemetry("cpu-only"),
+            wire.encode(telemetry_of("cpu-only", boot="g", seq=1, pod_uid=neighbour_uid)),
         ),
         (
             subjects.telemetry("ghost-node"),
