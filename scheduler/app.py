@@ -48,7 +48,7 @@ from scheduler.kube import (
 )
 from scheduler.kube.errors import KubeError
 from scheduler.metrics import CONTENT_TYPE, SchedulerMetrics
-from scheduler.placement import cycle, decisions, model, plan
+from scheduler.placement import decisions, engine, model, plan
 from scheduler.state import cache, snapshot
 from scheduler.telemetry import consumer as telemetry_consumer
 from scheduler.telemetry import live, overuse
@@ -328,7 +328,7 @@ class Scheduler:
         self.live = live.LiveTelemetry(settings.telemetry) if bus is not None and settings.telemetry else None
         self.consumer = telemetry_consumer.TelemetryConsumer(bus=bus) if bus is not None and self.live else None
         self.builder = snapshot.SnapshotBuilder(self.state, config=settings.engine_config, measured=self.live)
-        self.engine = cycle.Engine()
+        self.engine = engine.Engine()
         self.recorder = events.EventRecorder(api, component="quotient-scheduler", instance=settings.election.identity)
         self.alerts = alerts.AlertSink(
             metrics=metrics, recorder=self.recorder, bus=bus, identity=settings.election.identity

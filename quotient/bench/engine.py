@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from common.resources import Resources
-from scheduler.placement import applying, cycle, model
+from scheduler.placement import applying, engine, model
 
 GIB = 1024**3
 _OPENB = Path(__file__).resolve().parents[3] / "shared" / "data" / "openb" / "openb_pod_list_default.csv"
@@ -205,7 +205,7 @@ def run(argv: Sequence[str]) -> dict[str, object]:
         f"{100 * asked / offered:.1f}% of GPU capacity asked for"
     )
 
-    engine = cycle.Engine()
+    warm = engine.Engine()
     strategy = model.Strategy(args.strategy)
     config = model.Config(gpu_strategy=strategy, device_strategy=strategy)
     snapshot = model.Snapshot(nodes=nodes, queues=queues, groups={}, now_ns=0, config=config)
@@ -227,7 +227,7 @@ def run(argv: Sequence[str]) -> dict[str, object]:
             snapshot = dataclasses.replace(snapshot, groups=merged)
         snapshot = dataclasses.replace(snapshot, now_ns=step * NS)
         started = time.perf_counter()
-        result = engine.run(snapshot)
+        result = warm.run(snapshot)
         elapsed = time.perf_counter() - started
         cycle_ms.append(elapsed * 1000)
         if result.placements:
@@ -246,7 +246,7 @@ def run(argv: Sequence[str]) -> dict[str, object]:
     for index in range(args.idle_cycles):
         snapshot = _touch_telemetry(snapshot, index)
         started = time.perf_counter()
-        result = engine.run(snapshot)
+        result = warm.run(snapshot)
         idle.append((time.perf_counter() - started) * 1000)
         if result.placements or result.evictions:
             _progress("idle cycle placed or evicted something: the telemetry change was not neutral")

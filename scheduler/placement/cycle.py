@@ -1,357 +1,357 @@
-"""One scheduling cycle: a snapshot in, a plan out, through the configured actions in order.
+"""The actions of one cycle, in the configured order, and the status of every group left pending.
 
-``Engine.run(snapshot)`` is a pure function of the snapshot: the engine only keeps caches and indexes between
-cycles (the capacity indexes, filter verdicts, score memo, per-group aggregates, the verdicts of groups that could
-not be placed), and every cache is keyed so that it can only ever give the answer a fresh engine would give. The
-caches make a cycle cost what changed: a cycle after a change that touches nothing pending (a telemetry sample, a
-bound pod elsewhere) re-reads nothing it has seen.
+``Cycle`` lives only while ``engine.Engine.run`` runs. Allocate serves leaf queues in fair-share order
+(``ordering.QueueOrder``; the order is recomputed only after something was placed, since a failure changes no
+queue's standing) and inside a queue groups by priority then age; each group's minimum is one transaction on the
+``Draft``; elastic extras come after every minimum. Consolidate, reclaim and preempt then work on the groups whose
+minimum did not fit (``evictions``); stale-gang eviction looks at running gangs below their minimum.
 
-Stages, in order:
-
-1. bring the capacity index and the per-queue aggregates in step with the snapshot (only changed objects);
-2. fair share per queue and resource (``fairshare``), recomputed only when requests, capacity or queues change;
-3. the actions of ``Config.actions``: allocate (queues in fair-share order, groups by priority then age, each
-   group's minimum as one transaction, then elastic extras), consolidate, reclaim, preempt (for groups whose
-   minimum did not fit), stale-gang eviction;
-4. a ``Status`` for every group left pending.
-
-When nothing the engine can see changed since the last cycle (no node's free capacity, devices, class or
-telemetry that matters, no group, no queue, the same config, and the time only where the last plan did not depend
-on it), the last plan is the answer and nothing runs: a telemetry sample from a busy GPU, a label nobody selects on,
-a heartbeat, cost one pass over the changed objects. Any visible change runs the whole cycle again: a shortcut
-that skipped only "unaffected" groups would not be exact, since a group that newly fails frees room for another.
-A group that can never fit (``NeverFits``) is not checked again until nodes or queues change.
+``clock_matters`` tells the engine whether the plan depended on the time (a victim too young for its min-runtime,
+a stale gang still within its grace): if not, the same state at a later time gives the same plan.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from scheduler.placement import actions, capacity, fairshare, gangs, model, ordering, plan, search, status
+from scheduler.placement import decisions, diagnosis, evictions, fairshare, gangs, model, ordering, plan, search, status
 
-_ZERO3 = (0, 0, 0)
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class _Contribution:
-    """What one group adds to its queue's aggregates (pending and running requests, running holdings)."""
-
-    requested: plan.Amounts
-    allocated: plan.Amounts
-    nonpreemptible: plan.Amounts
-    pending: bool
-    running: bool
-    stale: bool
-    share_sizes: tuple[int, ...]
-    label_keys: frozenset[str]
-    nominated: bool
+if TYPE_CHECKING:
+    from scheduler.placement import engine
 
 
-def _contribution(group: model.Group, reference_memory: int) -> _Contribution:
-    req = [0, 0, 0]
-    held = [0, 0, 0]
-    pending = running = nominated = False
-    sizes: list[int] = []
-    keys: set[str] = set()
-    for pod in group.members:
-        if pod.phase is model.PodPhase.PENDING:
-            pending = True
-            nominated = nominated or pod.nominated_node is not None
-            if pod.node_selector or pod.affinity:
-                keys.update(key for key, _ in pod.node_selector)
-                keys.update(requirement.key for term in pod.affinity for requirement in term.expressions)
-            gpu = gangs.pending_gpu(pod, reference_memory)
-            amounts: plan.Amounts = (gpu, pod.requests.milli_cpu, pod.requests.memory_bytes)
-            if pod.share is not None and pod.share.milli_gpu:
-                sizes.append(pod.share.milli_gpu)
-        elif pod.phase is model.PodPhase.RUNNING:
-            running = True
-            amounts = plan.pod_amounts(pod)
-            held[0] += amounts[0]
-            held[1] += amounts[1]
-            held[2] += amounts[2]
-        else:
-            continue
-        req[0] += amounts[0]
-        req[1] += amounts[1]
-        req[2] += amounts[2]
-    allocated = (held[0], held[1], held[2])
-    return _Contribution(
-        requested=(req[0], req[1], req[2]),
-        allocated=allocated,
-        nonpreemptible=_ZERO3 if group.preemptible else allocated,
-        pending=pending,
-        running=running,
-        stale=group.below_min_since_ns is not None,
-        share_sizes=tuple(sizes),
-        label_keys=frozenset(keys),
-        nominated=nominated,
-    )
+@dataclasses.dataclass(slots=True)
+class Failed:
+    """A group whose minimum did not fit in allocate: what the later actions and the status need."""
+
+    group: model.Group
+    minimum: tuple[model.Pod, ...]
+    amounts: plan.Amounts
+    failure: gangs.Failure
 
 
-def _add(target: dict[model.QueueName, list[int]], queue: model.QueueName, amounts: plan.Amounts, sign: int) -> None:
-    totals = target.setdefault(queue, [0, 0, 0])
-    totals[0] += sign * amounts[0]
-    totals[1] += sign * amounts[1]
-    totals[2] += sign * amounts[2]
+class Cycle:
+    """The state of one cycle (lives only during ``Engine.run``)."""
 
+    def __init__(
+        self,
+        engine: engine.Engine,
+        snapshot: model.Snapshot,
+        draft: plan.Draft,
+        tree: fairshare.Tree,
+        shares: Mapping[model.QueueName, fairshare.Share],
+    ) -> None:
+        self.engine = engine
+        self.snapshot = snapshot
+        self.draft = draft
+        self.tree = tree
+        self.shares = shares
+        self.searcher = engine.searcher
+        self.statuses: dict[model.GroupId, status.Status] = {}
+        self.failed: list[Failed] = []
+        self.elastic_waiting: list[tuple[model.Group, model.Pod]] = []
+        self.summaries: dict[search.Shape, tuple[str, bool]] = {}
+        self.scene: evictions.Scene | None = None
+        self.shapes: dict[model.PodUid, search.Shape] = {}
+        pending = set(engine.pending_queues())
+        self.leaves = [name for name in tree.depth_first() if tree.is_leaf(name) and name in pending]
+        self.never_key = engine.never_key()
+        self.reference = engine.reference_memory
+        self.order = self._new_order()
+        self.explained: dict[search.Shape, tuple[status.Reason, str]] = {}
 
-class Engine:
-    """Runs cycles; keeps only caches between them (see the module docstring)."""
-
-    def __init__(self) -> None:
-        self._capacity = capacity.Capacity()
-        self.searcher = search.Searcher(self._capacity)
-        self._seen: dict[model.GroupId, model.Group] = {}
-        self._contrib: dict[model.GroupId, _Contribution] = {}
-        self._requested: dict[model.QueueName, list[int]] = {}
-        self._allocated: dict[model.QueueName, list[int]] = {}
-        self._nonpreemptible: dict[model.QueueName, list[int]] = {}
-        self._pending: dict[model.QueueName, dict[model.GroupId, model.Group]] = {}
-        self._running: dict[model.QueueName, dict[model.GroupId, model.Group]] = {}
-        self._stale: dict[model.GroupId, model.Group] = {}
-        self._nominated: dict[model.GroupId, model.Group] = {}
-        self._sizes: dict[int, int] = {}
-        self._sorted_pending: dict[model.QueueName, list[model.Group]] = {}
-        self._sorted_running: dict[model.QueueName, list[model.Group]] = {}
-        self._dirty_pending: set[model.QueueName] = set()
-        self._dirty_running: set[model.QueueName] = set()
-        self._reference_memory = -1
-        self._label_keys: frozenset[str] = frozenset()
-        self._groups_mapping: Mapping[model.GroupId, model.Group] | None = None
-        self._queues: Mapping[model.QueueName, model.Queue] | None = None
-        self._queue_version = 0
-        self._tree: fairshare.Tree | None = None
-        self._chains: dict[model.QueueName, tuple[model.QueueName, ...]] = {}
-        self._shares_key: tuple[object, ...] | None = None
-        self._shares: dict[model.QueueName, fairshare.Share] = {}
-        self._offered: plan.Amounts = (0, 0, 0)
-        self._shapes: dict[model.PodUid, tuple[model.Pod, search.Shape]] = {}
-        self._groups_version = 0
-        self._last: tuple[tuple[object, ...], int | None, plan.Plan] | None = None
-        """The last cycle's inputs, its time if the plan depended on the time (else None), and its plan."""
-        self.never: dict[model.GroupId, tuple[model.Group, tuple[int, int], status.Status]] = {}
-        """Groups that can never fit: the group, the (nodes, queues) versions then, and its status."""
-
-    # --- public -------------------------------------------------------------------------------------------------
-
-    def run(self, snapshot: model.Snapshot) -> plan.Plan:
-        """Run one cycle over ``snapshot`` and return its plan."""
-        config = snapshot.config
-        cap = self._capacity
-        self._sync_groups(snapshot.groups)
-        cap.sync(snapshot.nodes, margin_bytes=config.headroom_margin_bytes, label_keys=self._label_keys)
-        if cap.max_device_memory != self._reference_memory:
-            self._sync_groups(snapshot.groups)
-        self._sync_queues(snapshot.queues)
-        last = self._last
-        if last is not None and last[0] == self._inputs(snapshot) and last[1] in (None, snapshot.now_ns):
-            return last[2]  # nothing the plan depends on changed: the same plan, without running anything
-        tree = self._tree
-        assert tree is not None
-        shares = self._fair_shares()
-        self.searcher.configure(config, tuple(sorted(size for size, count in self._sizes.items() if count > 0)))
-        usage = plan.Usage(self._chains)
-        for leaf, totals in self._allocated.items():
-            usage.add(leaf, (totals[0], totals[1], totals[2]), nonpreemptible=False)
-        for leaf, totals in self._nonpreemptible.items():
-            for name in self._chains.get(leaf, ()):
-                fixed = usage.nonpreemptible[name]
-                fixed[0] += totals[0]
-                fixed[1] += totals[1]
-                fixed[2] += totals[2]
-        draft = plan.Draft(cap, usage)
-        work = actions.Cycle(self, snapshot, draft, tree, shares)
-        result = work.run()
-        self._last = (self._inputs(snapshot), snapshot.now_ns if work.clock_matters else None, result)
-        return result
-
-    def _inputs(self, snapshot: model.Snapshot) -> tuple[object, ...]:
-        """What a plan depends on besides the time: versions bumped on every change the engine can see."""
-        return (
-            self._capacity.state_version,
-            self._groups_version,
-            self._queue_version,
-            snapshot.config,
-            len(snapshot.queues),
+    def _new_order(self) -> ordering.QueueOrder:
+        return ordering.QueueOrder(
+            queue_tree=self.tree,
+            shares=self.shares,
+            usage=self.draft.usage,
+            capacity=self.engine.offered,
+            leaves=self.leaves,
         )
 
-    # --- keeping in step ----------------------------------------------------------------------------------------
-
-    def _sync_queues(self, queues: Mapping[model.QueueName, model.Queue]) -> None:
-        if queues is self._queues:
-            return
-        if self._queues is not None and dict(queues) == dict(self._queues):
-            self._queues = queues
-            return
-        self._queues = queues
-        self._queue_version += 1
-        self._tree = fairshare.tree(queues)
-        self._chains = {name: self._tree.ancestors(name) for name in self._tree.depth_first()}
-        self._shares_key = None
-        self.never.clear()
-
-    def _sync_groups(self, groups: Mapping[model.GroupId, model.Group]) -> None:
-        reference = self._capacity.max_device_memory
-        if reference != self._reference_memory:
-            # gpu-memory shares are counted against the largest device: a new largest device changes every count
-            self._reference_memory = reference
-            for group in list(self._seen.values()):
-                self._forget(group)
-            self._groups_mapping = None
-        if groups is self._groups_mapping:
-            return  # the same mapping as last cycle: snapshots are never mutated, so nothing changed
-        self._groups_mapping = groups
-        seen = self._seen
-        changed = [group for key, group in groups.items() if seen.get(key) is not group]
-        if not changed and len(groups) == len(seen):
-            return
-        new = sum(1 for group in changed if group.id not in seen)
-        if len(seen) + new != len(groups):
-            for key in [key for key in seen if key not in groups]:
-                self._forget(seen[key])
-        self._groups_version += 1
-        for group in changed:
-            old = seen.get(group.id)
-            if old is not None:
-                self._forget(old)
-            self._remember(group)
-
-    def _remember(self, group: model.Group) -> None:
-        contribution = _contribution(group, self._reference_memory)
-        self._seen[group.id] = group
-        self._contrib[group.id] = contribution
-        queue = group.queue
-        _add(self._requested, queue, contribution.requested, 1)
-        _add(self._allocated, queue, contribution.allocated, 1)
-        _add(self._nonpreemptible, queue, contribution.nonpreemptible, 1)
-        if contribution.pending:
-            self._pending.setdefault(queue, {})[group.id] = group
-            self._dirty_pending.add(queue)
-        if contribution.running:
-            self._running.setdefault(queue, {})[group.id] = group
-            self._dirty_running.add(queue)
-        if contribution.stale:
-            self._stale[group.id] = group
-        if contribution.nominated:
-            self._nominated[group.id] = group
-        for size in contribution.share_sizes:
-            self._sizes[size] = self._sizes.get(size, 0) + 1
-        if not contribution.label_keys <= self._label_keys:
-            self._label_keys = self._label_keys | contribution.label_keys
-
-    def _forget(self, group: model.Group) -> None:
-        contribution = self._contrib.pop(group.id)
-        del self._seen[group.id]
-        self.never.pop(group.id, None)
-        for pod in group.members:
-            self._shapes.pop(pod.uid, None)
-        queue = group.queue
-        _add(self._requested, queue, contribution.requested, -1)
-        _add(self._allocated, queue, contribution.allocated, -1)
-        _add(self._nonpreemptible, queue, contribution.nonpreemptible, -1)
-        if contribution.pending:
-            del self._pending[queue][group.id]
-            self._dirty_pending.add(queue)
-        if contribution.running:
-            del self._running[queue][group.id]
-            self._dirty_running.add(queue)
-        if contribution.stale:
-            del self._stale[group.id]
-        if contribution.nominated:
-            del self._nominated[group.id]
-        for size in contribution.share_sizes:
-            self._sizes[size] -= 1
-
-    def _fair_shares(self) -> dict[model.QueueName, fairshare.Share]:
-        tree = self._tree
-        assert tree is not None
-        cap = self._capacity
-        ours = [0, 0, 0]
-        for totals in self._allocated.values():
-            ours[0] += totals[0]
-            ours[1] += totals[1]
-            ours[2] += totals[2]
-        offered = (
-            max(0, cap.offered[0] - cap.used[0] + ours[0]),
-            max(0, cap.offered[1] - cap.used[1] + ours[1]),
-            max(0, cap.offered[2] - cap.used[2] + ours[2]),
-        )
-        requested = tuple(
-            (name, tuple(totals)) for name, totals in sorted(self._requested.items()) if name in tree.queues
-        )
-        key = (self._queue_version, offered, requested)
-        if key != self._shares_key:
-            self._shares_key = key
-            self._offered = offered
-            self._shares = fairshare.divide(
-                queue_tree=tree,
-                requested={
-                    name: fairshare.resources_of(
-                        {
-                            fairshare.Kind.GPU: amounts[0],
-                            fairshare.Kind.CPU: amounts[1],
-                            fairshare.Kind.MEMORY: amounts[2],
-                        }
-                    )
-                    for name, amounts in requested
-                },
-                capacity=fairshare.resources_of(
-                    {fairshare.Kind.GPU: offered[0], fairshare.Kind.CPU: offered[1], fairshare.Kind.MEMORY: offered[2]}
-                ),
-            )
-        return self._shares
-
-    # --- cached views used by the cycle's actions -----------------------------------------------------------------
+    def run(self) -> plan.Plan:
+        self._reject_homeless()
+        actions = self.snapshot.config.actions
+        for action in actions:
+            if action is model.Action.ALLOCATE:
+                self._allocate()
+            elif action is model.Action.STALE_GANG:
+                self._stale_gangs()
+            else:
+                self._make_room(action)
+        self._finish_statuses()
+        return self.draft.finish(self.statuses, self.shares)
 
     @property
-    def offered(self) -> plan.Amounts:
-        """What the cluster offers to our queues: ready nodes minus what other schedulers' pods hold."""
-        return self._offered
+    def clock_matters(self) -> bool:
+        return self.scene is not None and self.scene.clock_matters
 
-    @property
-    def reference_memory(self) -> int:
-        """The largest device memory: gpu-memory shares are counted against it before placement."""
-        return self._reference_memory
+    # --- allocate -----------------------------------------------------------------------------------------------
 
-    def never_key(self) -> tuple[int, int]:
-        """What a NeverFits verdict depends on: the nodes and the queues."""
-        return (self._capacity.structure_version, self._queue_version)
+    def _reject_homeless(self) -> None:
+        """Groups whose queue does not exist, or is not a leaf, get their status and are not tried."""
+        engine = self.engine
+        for queue in engine.pending_queues():
+            if queue in self.tree.queues and self.tree.is_leaf(queue):
+                continue
+            for group in engine.pending_groups(queue):
+                if queue not in self.tree.queues:
+                    message = f"queue {queue} does not exist"
+                else:
+                    message = f"queue {queue} is a parent queue; only leaf queues take workloads"
+                self.statuses[group.id] = status.unschedulable(status.Reason.QUEUE_DOES_NOT_EXIST, message)
 
-    def pending_queues(self) -> list[model.QueueName]:
-        """Queues (existing or not) that have pending groups, sorted."""
-        return sorted(queue for queue, groups in self._pending.items() if groups)
-
-    def nominated_groups(self) -> list[model.Group]:
-        """Pending groups with a pod nominated to room made for it earlier, by priority then age."""
-        return sorted(self._nominated.values(), key=ordering.group_key)
-
-    def stale_groups(self) -> list[model.Group]:
-        """Running groups marked below their minimum, by id."""
-        return sorted(self._stale.values(), key=lambda group: group.id)
-
-    def pending_groups(self, queue: model.QueueName) -> list[model.Group]:
-        if queue in self._dirty_pending or queue not in self._sorted_pending:
-            self._sorted_pending[queue] = sorted(self._pending.get(queue, {}).values(), key=ordering.group_key)
-            self._dirty_pending.discard(queue)
-        return self._sorted_pending[queue]
-
-    def running_groups(self) -> dict[model.QueueName, Sequence[model.Group]]:
-        for queue in sorted(self._dirty_running):
-            self._sorted_running[queue] = sorted(self._running.get(queue, {}).values(), key=lambda group: group.id)
-        self._dirty_running.clear()
-        return {queue: groups for queue, groups in sorted(self._sorted_running.items()) if groups}
-
-    def shape(self, pod: model.Pod) -> search.Shape:
-        cached = self._shapes.get(pod.uid)
-        if cached is not None and cached[0] is pod:
-            return cached[1]
-        found = search.shape_of(pod)
-        self._shapes[pod.uid] = (pod, found)
+    def _shape(self, pod: model.Pod) -> search.Shape:
+        found = self.shapes.get(pod.uid)
+        if found is None:
+            found = self.engine.shape(pod)
+            self.shapes[pod.uid] = found
         return found
 
+    def _allocate(self) -> None:
+        engine = self.engine
+        order = self.order
+        pointers = dict.fromkeys(self.leaves, 0)
+        extras: list[tuple[model.Group, tuple[model.Pod, ...]]] = []
+        # Room made by evictions in earlier cycles goes to the groups it was made for, before anybody else.
+        first = [group for group in engine.nominated_groups() if group.queue in pointers]
+        for group in first:
+            self._allocate_group(group, extras)
+        done = {group.id for group in first}
+        leaf = order.next()
+        while leaf is not None:
+            groups = engine.pending_groups(leaf)
+            position = pointers[leaf]
+            while position < len(groups):
+                group = groups[position]
+                position += 1
+                if group.id not in done and self._allocate_group(group, extras):
+                    break
+            pointers[leaf] = position
+            if position >= len(groups):
+                order.exhausted(leaf)
+            leaf = order.next()
+        self._place_extras(extras)
 
-def run(snapshot: model.Snapshot) -> plan.Plan:
-    """One cycle with a fresh engine (no caches): what tests and one-off tools call."""
-    return Engine().run(snapshot)
+    def _allocate_group(self, group: model.Group, extras: list[tuple[model.Group, tuple[model.Pod, ...]]]) -> bool:
+        """Try a group's minimum; True when something was placed (the queue order may have changed)."""
+        engine = self.engine
+        needs = gangs.needs(group)
+        if needs.missing:
+            pods = len(group.members)
+            self.statuses[group.id] = status.unschedulable(
+                status.Reason.NOT_ENOUGH_PODS,
+                f"gang {group.id} needs {group.min_member} pods (and every subgroup its minimum); "
+                f"{pods} exist, {needs.missing} more must be created",
+            )
+            return False
+        if not needs.minimum:
+            if needs.extras:
+                extras.append((group, needs.extras))
+            return False
+        minimum = needs.minimum
+        shapes = {pod.uid: self._shape(pod) for pod in minimum}
+        amounts = gangs.total(minimum, self.reference)
+        chain = self.tree.ancestors(group.queue)
+        never = engine.never.get(group.id)
+        if never is not None and never[0] is group and never[1] == self.never_key:
+            self.statuses[group.id] = never[2]
+            return False
+        verdict = gangs.never_fits(
+            group=group,
+            minimum=minimum,
+            amounts=amounts,
+            chain=chain,
+            queues=self.tree.queues,
+            searcher=self.searcher,
+            shapes=shapes,
+        )
+        if verdict is not None:
+            engine.never[group.id] = (group, self.never_key, verdict)
+            self.statuses[group.id] = verdict
+            return False
+        checked = gangs.queue_check(
+            group=group, amounts=amounts, chain=chain, queues=self.tree.queues, usage=self.draft.usage
+        )
+        if checked is not None:
+            self.statuses[group.id] = checked
+            return False
+        failure = self._place_within_limits(group, minimum, amounts, chain)
+        if isinstance(failure, status.Status):
+            self.statuses[group.id] = failure
+            return False
+        if failure is None:
+            if needs.extras:
+                extras.append((group, needs.extras))
+            return True
+        self.failed.append(Failed(group=group, minimum=minimum, amounts=amounts, failure=failure))
+        return False
+
+    def _place_within_limits(
+        self,
+        group: model.Group,
+        pods: Sequence[model.Pod],
+        amounts: plan.Amounts,
+        chain: Sequence[model.QueueName],
+    ) -> gangs.Failure | status.Status | None:
+        """Place ``pods`` as one transaction; a gpu-memory share is checked against the limits once its device, and
+        so its real share, is known (the check before placement estimated it on the largest device)."""
+        draft = self.draft
+        for pod in pods:
+            self._shape(pod)
+        start = draft.checkpoint()
+        failure = gangs.try_place(draft=draft, searcher=self.searcher, group=group, pods=pods, shapes=self.shapes)
+        if failure is not None or not any(pod.share is not None and pod.share.memory_bytes for pod in pods):
+            return failure
+        actual = sum(
+            sum(placement.share_milli) or len(placement.devices) * 1000
+            for placement in draft.placements[start.placements :]
+        )
+        if actual <= amounts[0]:
+            return None
+        draft.rollback(start)
+        real = (actual, amounts[1], amounts[2])
+        checked = gangs.queue_check(group=group, amounts=real, chain=chain, queues=self.tree.queues, usage=draft.usage)
+        if checked is not None:
+            return checked
+        return gangs.try_place(draft=draft, searcher=self.searcher, group=group, pods=pods, shapes=self.shapes)
+
+    def _place_extras(self, extras: Sequence[tuple[model.Group, tuple[model.Pod, ...]]]) -> None:
+        """Elastic members beyond the minimum, after every minimum, each on its own."""
+        for group, pods in extras:
+            chain = self.tree.ancestors(group.queue)
+            for pod in pods:
+                amounts = gangs.total((pod,), self.reference)
+                checked = gangs.queue_check(
+                    group=group, amounts=amounts, chain=chain, queues=self.tree.queues, usage=self.draft.usage
+                )
+                if checked is not None:
+                    self.statuses.setdefault(group.id, checked)
+                    break
+                placed = self._place_within_limits(group, (pod,), amounts, chain)
+                if isinstance(placed, status.Status):
+                    self.statuses.setdefault(group.id, placed)
+                    break
+                if placed is not None:
+                    self.elastic_waiting.append((group, pod))
+                    break
+
+    # --- consolidate, reclaim, preempt ---------------------------------------------------------------------------
+
+    def _scene(self) -> evictions.Scene:
+        if self.scene is not None:
+            return self.scene
+        self.scene = evictions.Scene(
+            snapshot=self.snapshot,
+            draft=self.draft,
+            searcher=self.searcher,
+            shapes=self.shapes,
+            order=self.order,
+            tree=self.tree,
+            running=self.engine.running_groups(),
+        )
+        return self.scene
+
+    def _make_room(self, action: model.Action) -> None:
+        if not self.failed:
+            return
+        scene = self._scene()
+        reason = {
+            model.Action.CONSOLIDATE: decisions.EvictionReason.CONSOLIDATE,
+            model.Action.RECLAIM: decisions.EvictionReason.RECLAIM,
+            model.Action.PREEMPT: decisions.EvictionReason.PREEMPT,
+        }[action]
+        for failed in self.failed:
+            group = failed.group
+            if group.id in self.statuses:
+                continue
+            # The minimum may have become placeable through evictions made for an earlier group: never mind then.
+            if action is model.Action.CONSOLIDATE:
+                done = evictions.consolidate(scene, group, failed.minimum)
+            elif action is model.Action.RECLAIM:
+                done = evictions.reclaim(scene, group, failed.minimum, failed.amounts)
+            else:
+                done = evictions.preempt(scene, group, failed.minimum)
+            if done:
+                self.statuses[group.id] = evictions.waiting_status(reason, group, self.draft)
+
+    def _stale_gangs(self) -> None:
+        stale = self.engine.stale_groups()
+        if stale:
+            evictions.stale_gangs(self._scene(), stale)
+
+    # --- statuses -----------------------------------------------------------------------------------------------
+
+    def _explain(self, pod: model.Pod) -> tuple[status.Reason, str]:
+        shape = self._shape(pod)
+        found = self.explained.get(shape)
+        if found is None:
+            found = diagnosis.explain(self.searcher, shape)
+            self.explained[shape] = found
+        return found
+
+    def _summary(self, shape: search.Shape) -> tuple[str, bool]:
+        """What is free for a pod of this shape in all, and whether one such pod alone would fit (end of cycle)."""
+        found = self.summaries.get(shape)
+        if found is None:
+            found = (diagnosis.free_summary(self.searcher, shape), self.searcher.find(shape) is not None)
+            self.summaries[shape] = found
+        return found
+
+    def _failure_status(self, failed: Failed) -> status.Status:
+        """The status of a group whose minimum did not fit, from the state the plan leaves behind.
+
+        It depends only on that end state and the group, never on how far the attempt got: the message describes
+        what a person can change now.
+        """
+        group = failed.group
+        blocker = next((pod for pod in failed.minimum if not self._summary(self._shape(pod))[1]), failed.minimum[0])
+        shape = self._shape(blocker)
+        reason, text = self._explain(blocker)
+        pod_text = diagnosis.describe_pod(blocker) + diagnosis.gpu_model_hint(shape)
+        usage = self.draft.usage.allocated
+        held = usage[group.queue]
+        fair = self.order.fair(group.queue)
+        everyone = [sum(usage[root][index] for root in self.tree.roots) for index in range(3)]
+        # Over quota only means something when others hold part of the cluster: alone, the queue is just short.
+        over = [
+            index
+            for index in range(3)
+            if failed.amounts[index] > 0
+            and held[index] >= fair[index]
+            and everyone[index] > held[index]
+            and reason is not status.Reason.NO_NODE_FITS
+        ]
+        if over:
+            index = over[0]
+            return status.unschedulable(
+                status.Reason.OVER_QUOTA,
+                f"queue {group.queue} holds {status.amount_text(index, held[index])} of "
+                f"{status.RESOURCE_NAMES[index]}, at or over its fair share of "
+                f"{status.amount_text(index, fair[index])}: it runs on spare room only, and there is none for "
+                f"{pod_text}: {text}",
+            )
+        if len(failed.minimum) > 1:
+            summary, alone = self._summary(shape)
+            detail = summary if alone else f"{summary}; {pod_text}: {text}"
+            needs = f", {status.amount_text(0, failed.amounts[0])} in all" if failed.amounts[0] > 0 else ""
+            return status.unschedulable(
+                status.Reason.GANG_DOES_NOT_FIT,
+                f"gang of {len(failed.minimum)} pods must start together (minMember {group.min_member}{needs}), "
+                f"and they do not all fit at once: {detail}",
+            )
+        return status.unschedulable(reason, f"{pod_text}: {text}")
+
+    def _finish_statuses(self) -> None:
+        for failed in self.failed:
+            group = failed.group
+            if group.id in self.statuses:
+                continue
+            self.statuses[group.id] = self._failure_status(failed)
+        for group, pod in self.elastic_waiting:
+            reason, text = self._explain(pod)
+            self.statuses.setdefault(
+                group.id, status.unschedulable(reason, f"elastic pod {pod.name} beyond the minimum waits: {text}")
+            )

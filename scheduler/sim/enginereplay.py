@@ -1,4 +1,4 @@
-"""The openb replay through the real placement engine: ``cycle.Engine`` with a policy plugged in as its scorer.
+"""The openb replay through the real placement engine: ``engine.Engine`` with a policy plugged in as its scorer.
 
 The trace's nodes become ``model.Node`` values (the GPU model on every device and in the ``nvidia.com/gpu.product``
 label, the device memory of that model), each pod becomes a one-pod group of one queue, and a policy's scorer is
@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from common.quantities import GIB, MIB
 from common.resources import Resources
-from scheduler.placement import applying, cycle, model, scoring
+from scheduler.placement import applying, engine, model, scoring
 from scheduler.placement.fragmentation import MILLI_GPU_PER_DEVICE, NodeFree, PodShape
 from scheduler.sim import replay
 from scheduler.sim.openb import TraceNode, TracePod
@@ -168,7 +168,7 @@ class EngineCluster:
         memory = device_memory_by_model(nodes)
         adapted = DrawingEngineScorer(scorer, seed=seed) if scorer.breaks_ties_at_random else EngineScorer(scorer)
         config = model.Config(scorer=adapted, actions=(model.Action.ALLOCATE,))
-        self._engine = cycle.Engine()
+        self._engine = engine.Engine()
         self.snapshot = model.snapshot(
             nodes=[engine_node(node, rank=rank, memory=memory) for rank, node in enumerate(nodes)],
             queues=[model.Queue(name=QUEUE)],

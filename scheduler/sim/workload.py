@@ -33,7 +33,7 @@ from common import clusterspec, quantities
 from common.errors import ClusterSpecError
 from common.resources import Resources
 from scheduler.kube import gpurequest
-from scheduler.placement import applying, cycle, decisions, model, plan
+from scheduler.placement import applying, decisions, engine, model, plan
 
 DEFAULT_QUEUE = "default-queue"
 POD_GROUP_ANNOTATION = "pod-group-name"
@@ -264,7 +264,7 @@ def run(spec: clusterspec.ClusterSpec, *, step_ns: int, source: str = "<spec>") 
     durations = {uid: duration for gang in arrivals for uid, duration in gang.durations.items()}
     arrived_at = {pod.uid: gang.arrive_ns for gang in arrivals for pod in gang.group.members}
 
-    engine = cycle.Engine()
+    warm = engine.Engine()
     snapshot = model.snapshot(nodes=nodes, queues=queues, groups=[], now_ns=0)
     ends: dict[model.PodUid, int] = {}
     first_start: dict[model.PodUid, int] = {}
@@ -291,7 +291,7 @@ def run(spec: clusterspec.ClusterSpec, *, step_ns: int, source: str = "<spec>") 
             next_arrival += 1
         snapshot = dataclasses.replace(snapshot, groups=groups, now_ns=now)
         while True:  # evicted pods are gone at once here, so the pods they made room for go in the next cycle
-            result = engine.run(snapshot)
+            result = warm.run(snapshot)
             cycles += 1
             if cycles > _MAX_CYCLES:
                 raise ClusterSpecError(

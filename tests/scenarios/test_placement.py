@@ -37,7 +37,7 @@ import yaml
 
 from common import quantities
 from common.resources import Resources
-from scheduler.placement import applying, cycle, model, plan
+from scheduler.placement import applying, engine, model, plan
 
 TABLES = Path(__file__).resolve().parent / "placement"
 NS = quantities.NS_PER_S
@@ -337,10 +337,10 @@ def _scenarios() -> Iterator[Any]:
 @pytest.mark.parametrize("spec", list(_scenarios()))
 def test_scenario(spec: Mapping[str, Any]) -> None:
     snapshot = load(spec)
-    result = cycle.run(snapshot)
+    result = engine.run(snapshot)
     check(result, spec.get("expect", {}))
-    assert cycle.run(snapshot) == result, "the same snapshot gave a different plan"
+    assert engine.run(snapshot) == result, "the same snapshot gave a different plan"
     then = spec.get("then")
     if then is not None:
         following = applying.apply(snapshot, result, now_ns=snapshot.now_ns + _seconds(then.get("advance", 0)))
-        check(cycle.run(following), then.get("expect", {}))
+        check(engine.run(following), then.get("expect", {}))

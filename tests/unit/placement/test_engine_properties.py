@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common.resources import Resources
-from scheduler.placement import applying, cycle, fairshare, model, plan, scoring
+from scheduler.placement import applying, engine, fairshare, model, plan, scoring
 from tests.unit.placement import builders
 
 GIB = builders.GIB
@@ -189,8 +189,8 @@ _SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Hea
 @given(_snapshots())
 def test_cycles_never_over_commit_and_keep_gangs_and_limits(case: tuple[model.Snapshot, list[model.Group]]) -> None:
     snapshot, later = case
-    engine = cycle.Engine()
-    first = engine.run(snapshot)
+    warm = engine.Engine()
+    first = warm.run(snapshot)
     after = applying.apply(snapshot, first)
     _assert_nothing_over_committed(after)
     _assert_gangs_whole(snapshot, after)
@@ -199,11 +199,11 @@ def test_cycles_never_over_commit_and_keep_gangs_and_limits(case: tuple[model.Sn
     groups = dict(after.groups)
     groups.update((group.id, group) for group in later)
     second_snapshot = dataclasses.replace(after, groups=groups, now_ns=after.now_ns + 10**12)
-    second = engine.run(second_snapshot)
-    assert second == cycle.run(second_snapshot), "a warm engine planned differently from a fresh one"
-    assert engine.run(second_snapshot) == second, "a group not tried again got a different outcome"
+    second = warm.run(second_snapshot)
+    assert second == engine.run(second_snapshot), "a warm engine planned differently from a fresh one"
+    assert warm.run(second_snapshot) == second, "a group not tried again got a different outcome"
     idle = _touch_telemetry(second_snapshot)
-    assert engine.run(idle) == cycle.run(idle), "a change that frees nothing changed the plan"
+    assert warm.run(idle) == engine.run(idle), "a change that frees nothing changed the plan"
     running = {pod.uid for group in second_snapshot.groups.values() for pod in group.members if pod.is_active}
     preemptible = {pod.uid for group in second_snapshot.groups.values() if group.preemptible for pod in group.members}
     for eviction in second.evictions:
@@ -220,15 +220,15 @@ def test_cycles_never_over_commit_and_keep_gangs_and_limits(case: tuple[model.Sn
 @given(_snapshots())
 def test_the_same_snapshot_always_gives_the_same_plan(case: tuple[model.Snapshot, list[model.Group]]) -> None:
     snapshot, _ = case
-    engine = cycle.Engine()
-    first = engine.run(snapshot)
-    assert engine.run(snapshot) == first
+    warm = engine.Engine()
+    first = warm.run(snapshot)
+    assert warm.run(snapshot) == first
     reordered = dataclasses.replace(
         snapshot,
         nodes=dict(reversed(list(snapshot.nodes.items()))),
         groups=dict(reversed(list(snapshot.groups.items()))),
     )
-    assert cycle.run(reordered) == first
+    assert engine.run(reordered) == first
 
 
 @_SETTINGS
@@ -258,7 +258,7 @@ def test_the_indexed_search_places_as_the_scored_search_with_the_same_scorer(
             scorer=scoring.builtin(node=model.Strategy.BINPACK, device=model.Strategy.BINPACK, demanded=demanded),
         ),
     )
-    got, want = cycle.run(scored), cycle.run(snapshot)
+    got, want = engine.run(scored), engine.run(snapshot)
     assert got.placements == want.placements, (got.statuses, want.statuses, snapshot.nodes, snapshot.queues)
 
 
@@ -286,7 +286,7 @@ class _Drawing(_Coarse):
         return self._source.randrange(count)
 
 
-def _two_cycles(engine: cycle.Engine, snapshot: model.Snapshot, later: list[model.Group]) -> list[plan.Plan]:
+def _two_cycles(engine: engine.Engine, snapshot: model.Snapshot, later: list[model.Group]) -> list[plan.Plan]:
     first = engine.run(snapshot)
     after = applying.apply(snapshot, first)
     groups = dict(after.groups)
@@ -304,8 +304,8 @@ def test_the_scored_search_places_by_look_exactly_as_node_by_node(
     for group_alike in (True, False):
         scorer = _Drawing(7) if drawing else _Coarse()
         configured = dataclasses.replace(snapshot, config=dataclasses.replace(snapshot.config, scorer=scorer))
-        engine = cycle.Engine()
-        engine.searcher.group_alike = group_alike
+        warm = engine.Engine()
+        warm.searcher.group_alike = group_alike
         plans.append(_two_cycles(engine, configured, later))
     by_look, by_node = plans
     assert [p.placements for p in by_look] == [p.placements for p in by_node]
@@ -315,12 +315,12 @@ def test_a_cycle_reads_only_what_changed_and_still_answers_like_a_fresh_engine()
     nodes = [builders.node(f"n{i}", gpus=2) for i in range(3)]
     groups = [builders.group(f"g{i}", builders.pod(f"p{i}", gpus=2), created=i) for i in range(5)]
     snapshot = model.snapshot(nodes=nodes, queues=builders.open_queues(), groups=groups, now_ns=0)
-    engine = cycle.Engine()
-    first = engine.run(snapshot)
+    warm = engine.Engine()
+    first = warm.run(snapshot)
     assert len(first.placements) == 3
     after = applying.apply(snapshot, first)
-    blocked = engine.run(after)
-    assert blocked == cycle.run(after)
+    blocked = warm.run(after)
+    assert blocked == engine.run(after)
     # A telemetry change that frees nothing: the blocked groups keep their statuses without being retried.
     node = after.nodes[model.NodeName("n0")]
     touched = dataclasses.replace(
@@ -329,14 +329,14 @@ def test_a_cycle_reads_only_what_changed_and_still_answers_like_a_fresh_engine()
     nodes_now = dict(after.nodes)
     nodes_now[touched.name] = touched
     idle = dataclasses.replace(after, nodes=nodes_now)
-    assert engine.run(idle) == cycle.run(idle)
+    assert warm.run(idle) == engine.run(idle)
     # A node that frees its GPUs: the blocked groups are tried again.
     emptied = dataclasses.replace(
         after,
         nodes={**nodes_now, model.NodeName("n3"): builders.node("n3", gpus=2)},
     )
-    assert len(engine.run(emptied).placements) == 1
-    assert engine.run(emptied) == cycle.run(emptied)
+    assert len(warm.run(emptied).placements) == 1
+    assert warm.run(emptied) == engine.run(emptied)
 
 
 def test_resources_sum_as_vectors() -> None:

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common.resources import Resources
-from scheduler.placement import applying, capacity, cycle, decisions, devices, model, scoring
+from scheduler.placement import applying, capacity, decisions, devices, engine, model, scoring
 from tests.unit.placement import builders
 
 GIB = builders.GIB
@@ -98,14 +98,14 @@ def _waves(draw: st.DrawFn) -> tuple[list[model.Node], list[list[model.Group]]]:
 def _replay(
     nodes: list[model.Node], waves: list[list[model.Group]], *, scorer: scoring.GpuPlacementScorer, by_look: bool
 ) -> list[tuple[decisions.Placement, ...]]:
-    engine = cycle.Engine()
-    engine.searcher.group_alike = by_look
+    warm = engine.Engine()
+    warm.searcher.group_alike = by_look
     config = model.Config(scorer=scorer, actions=(model.Action.ALLOCATE,))
     snapshot = model.snapshot(nodes=nodes, queues=builders.open_queues(), groups=[], now_ns=0, config=config)
     placements: list[tuple[decisions.Placement, ...]] = []
     for groups in waves:
         offered = dataclasses.replace(snapshot, groups={**snapshot.groups, **{group.id: group for group in groups}})
-        result = engine.run(offered)
+        result = warm.run(offered)
         placements.append(result.placements)
         snapshot = applying.apply(offered, result)
     return placements
@@ -223,7 +223,7 @@ def test_drawn_ties_count_every_tied_node_and_take_the_drawn_one_in_node_order()
     config = model.Config(scorer=scorer, actions=(model.Action.ALLOCATE,))
     groups = [builders.group("g", builders.pod("p", gpus=1))]
     snapshot = model.snapshot(nodes=nodes, queues=builders.open_queues(), groups=groups, now_ns=0, config=config)
-    result = cycle.run(snapshot)
+    result = engine.run(snapshot)
     assert scorer.counts == [5]
     assert [placement.node for placement in result.placements] == ["n3"]
 
@@ -237,7 +237,7 @@ def test_a_pod_needing_more_slots_than_a_look_records_is_placed_node_by_node() -
     groups = [builders.group("g", hungry)]
     config = model.Config(scorer=_Coarse(), actions=(model.Action.ALLOCATE,))
     snapshot = model.snapshot(nodes=nodes, queues=builders.open_queues(), groups=groups, now_ns=0, config=config)
-    assert [placement.node for placement in cycle.run(snapshot).placements] == ["b"]
+    assert [placement.node for placement in engine.run(snapshot).placements] == ["b"]
 
 
 def test_a_scorer_sees_the_models_of_the_devices() -> None:
@@ -251,5 +251,5 @@ def test_a_scorer_sees_the_models_of_the_devices() -> None:
     config = model.Config(scorer=scorer, actions=(model.Action.ALLOCATE,))
     groups = [builders.group("g", builders.pod("p", gpus=1))]
     snapshot = model.snapshot(nodes=nodes, queues=builders.open_queues(), groups=groups, now_ns=0, config=config)
-    assert cycle.run(snapshot).placements
+    assert engine.run(snapshot).placements
     assert seen == [("T4", "T4")]

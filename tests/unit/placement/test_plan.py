@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler.placement import applying, capacity, cycle, model, plan, search
+from scheduler.placement import applying, capacity, engine, model, plan, search
 from tests.unit.placement import builders
 
 
@@ -58,7 +58,7 @@ def test_an_applied_plan_shows_pods_running_and_shares_in_one_gpu_group() -> Non
         ],
         now_ns=7,
     )
-    result = cycle.run(snapshot)
+    result = engine.run(snapshot)
     after = applying.apply(snapshot, result)
     node = after.nodes[model.NodeName("n0")]
     shared = [device for device in node.devices if device.gpu_group is not None]
@@ -69,4 +69,4 @@ def test_an_applied_plan_shows_pods_running_and_shares_in_one_gpu_group() -> Non
     pods = {pod.uid: pod for group in after.groups.values() for pod in group.members}
     assert all(pod.phase is model.PodPhase.RUNNING and pod.started_ns == 7 for pod in pods.values())
     assert pods[model.PodUid("a")].gpu_groups == pods[model.PodUid("b")].gpu_groups
-    assert cycle.run(after).placements == ()
+    assert engine.run(after).placements == ()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from scheduler.placement import cycle, model
+from scheduler.placement import engine, model
 from scheduler.state import objects
 from scheduler.state.cache import Assumption, ClusterState
 from scheduler.state.snapshot import SnapshotBuilder, build_queues
@@ -86,7 +86,7 @@ def test_the_seeds_fractions_land_on_one_device_through_the_real_engine() -> Non
         state.put_podgroup(podgroup(f"pg-{name}"))
         state.put_pod(pod(name, group=f"pg-{name}", annotations={"gpu-fraction": fraction}))
     built = SnapshotBuilder(state).build(NOW)
-    plan = cycle.Engine().run(built.snapshot)
+    plan = engine.Engine().run(built.snapshot)
     placed = {p.pod: p for p in plan.placements}
     assert set(placed) == {"uid-gpu-sharing", "uid-inference-api"}
     assert placed[model.PodUid("uid-gpu-sharing")].devices == placed[model.PodUid("uid-inference-api")].devices
@@ -131,7 +131,7 @@ def test_an_invalid_gpu_annotation_is_reported_and_keeps_the_pod_out_without_tou
     built = SnapshotBuilder(state).build(NOW)
     assert [issue.name for issue in built.pod_issues] == ["bad"]
     assert "out of range" in built.pod_issues[0].message
-    plan = cycle.Engine().run(built.snapshot)
+    plan = engine.Engine().run(built.snapshot)
     assert [p.pod for p in plan.placements] == ["uid-good"]
 
 
