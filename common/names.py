@@ -1,0 +1,142 @@
+"""Every name Quotient shares with KAI Scheduler, NVIDIA's stack and Kubernetes, and every name it defines itself.
+
+Labels, annotations, resource names, environment variables and condition types are an API: users write them in
+their manifests and dashboards, and a restarted scheduler reads back what an earlier one wrote. Each is therefore
+spelled exactly once, here, and every module (scheduler, agent, emulator, demo, benchmarks) imports it from here, so
+no two places can drift. ``docs/kai-compatibility.md`` lists the same names with their meaning; the two must agree.
+
+Nothing here may change its value: a renamed annotation would orphan every pod a previous version annotated.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- NVIDIA: the device plugin's resource, GPU Feature Discovery's node labels, the container runtime --------------
+
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+"""Whole GPUs, requested in a container's limits and advertised in a node's allocatable."""
+GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
+"""Node label (GPU Feature Discovery): the GPU model, e.g. ``NVIDIA-A100-SXM4-80GB``; node affinity selects on it."""
+GPU_MEMORY_LABEL: Final = "nvidia.com/gpu.memory"
+"""Node label (GPU Feature Discovery): memory per device in MiB; device memory when no telemetry says."""
+GPU_COUNT_LABEL: Final = "nvidia.com/gpu.count"
+"""Node label (GPU Feature Discovery): devices on the node."""
+VISIBLE_DEVICES_ENV: Final = "NVIDIA_VISIBLE_DEVICES"
+"""The NVIDIA container runtime's device selection: UUIDs, indexes, ``all`` or :data:`NO_DEVICES`."""
+NO_DEVICES: Final = "void"
+"""``NVIDIA_VISIBLE_DEVICES`` value that makes the NVIDIA runtime behave as runc: no GPU, no driver."""
+GPU_PORTION_ENV: Final = "GPU_PORTION"
+"""KAI's environment variable (and ConfigMap key) telling a share its fraction, e.g. ``0.5``."""
+NVIDIA_RUNTIME_CLASS: Final = "nvidia"
+
+# --- KAI Scheduler: workloads, queues, gangs (KAI-COMPAT.md) ----------------------------------------------------------
+
+QUEUE_LABEL: Final = "kai.scheduler/queue"
+"""On a pod or its top owner (owner wins): the leaf queue. Configurable with ``--queue-label``."""
+DEFAULT_QUEUE: Final = "default-queue"
+"""Where a pod without a queue label goes; KAI's install creates it under :data:`DEFAULT_PARENT_QUEUE`."""
+DEFAULT_PARENT_QUEUE: Final = "default-parent-queue"
+POD_GROUP_ANNOTATION: Final = "pod-group-name"
+"""On a pod: the PodGroup it belongs to (written by the grouper, or by a user on an ownerless pod)."""
+SUBGROUP_LABEL: Final = "kai.scheduler/subgroup-name"
+"""On a pod: the subgroup of its PodGroup (``spec.subGroups[].name``) whose own minimum it counts towards."""
+PRIORITY_CLASS_LABEL: Final = "priorityClassName"
+"""On a pod or its top owner: the priority class, before ``spec.priorityClassName``."""
+PREEMPTIBILITY_LABEL: Final = "kai.scheduler/preemptibility"
+"""On a pod or its top owner: ``preemptible`` or ``non-preemptible``, overriding the priority's default."""
+PREEMPTIBLE: Final = "preemptible"
+NON_PREEMPTIBLE: Final = "non-preemptible"
+
+KAI_PRIORITY_CLASSES: Final = {"train": 50, "build-preemptible": 75, "build": 100, "inference": 125}
+"""The priority classes KAI ships, by name; used when the cluster has no PriorityClass of that name."""
+DEFAULT_PRIORITY_CLASS: Final = "train"
+DEPLOYMENT_PRIORITY_CLASS: Final = "inference"
+"""KAI's default class for the pods of a Deployment (everything else defaults to :data:`DEFAULT_PRIORITY_CLASS`)."""
+NON_PREEMPTIBLE_FROM: Final = 100
+"""KAI: a priority of at least this is non-preemptible unless the preemptibility label says otherwise."""
+
+QUEUE_API_VERSION: Final = "scheduling.run.ai/v2"
+POD_GROUP_API_VERSION: Final = "scheduling.run.ai/v2alpha2"
+
+# --- KAI Scheduler: GPU sharing -------------------------------------------------------------------------------------
+
+GPU_FRACTION_ANNOTATION: Final = "gpu-fraction"
+"""On a pod: a share of one device, a decimal strictly between 0 and 1."""
+GPU_MEMORY_ANNOTATION: Final = "gpu-memory"
+"""On a pod: a share of one device by memory (MiB, or a quantity such as ``3Gi``)."""
+GPU_FRACTION_NUM_DEVICES_ANNOTATION: Final = "gpu-fraction-num-devices"
+"""On a pod: take the share on this many devices."""
+GPU_FRACTION_CONTAINER_ANNOTATION: Final = "gpu-fraction-container-name"
+"""On a pod: the container that gets the shared GPU (default: the first)."""
+GPU_GROUP_LABEL: Final = "runai-gpu-group"
+"""On a sharing pod: its GPU group (one shared device); KAI users select and inspect it."""
+
+# --- Kubernetes: conditions, reasons, namespaces ----------------------------------------------------------------------
+
+DISRUPTION_TARGET_CONDITION: Final = "DisruptionTarget"
+"""Pod condition written before an eviction, with a reason such as ``PreemptionByScheduler``."""
+PREEMPTION_BY_SCHEDULER: Final = "PreemptionByScheduler"
+TERMINATION_BY_SCHEDULER: Final = "TerminationByScheduler"
+POD_SCHEDULED_CONDITION: Final = "PodScheduled"
+UNSCHEDULABLE_CONDITION: Final = "UnschedulableOnNodePool"
+"""KAI's PodGroup ``status.schedulingConditions[].type`` for a group that cannot be placed."""
+ORPHAN_CONDITION: Final = "Orphan"
+"""Queue condition: its parent queue does not exist (or the chain loops)."""
+OVER_QUOTA_CONDITION: Final = "OverQuota"
+"""Queue condition: allocated above quota for some resource."""
+DEFAULT_SCHEDULER: Final = "default-scheduler"
+"""The API server's default ``spec.schedulerName``."""
+
+# --- Quotient: what the binder records on a pod (read back after a restart) ---------------------------------------
+
+GPU_DEVICES_ANNOTATION: Final = "quotient.dev/gpu-devices"
+"""On a bound pod: the device indexes it holds, comma-separated (``0,3``)."""
+GPU_SHARE_ANNOTATION: Final = "quotient.dev/gpu-share"
+"""On a bound share: its milli-GPU on each device (``500``)."""
+GPU_GROUPS_ANNOTATION: Final = "quotient.dev/gpu-groups"
+"""On a bound share: every GPU group it is in, comma-separated, one per device (the label can name only one)."""
+GPU_UUIDS_ANNOTATION: Final = "quotient.dev/gpu-uuids"
+"""On a bound share: its reservation pods' device UUIDs, comma-separated in device order."""
+GPU_CONFIGMAP_ANNOTATION: Final = "quotient.dev/gpu-configmap"
+"""On a share (written by the admission webhook): the ConfigMap its GPU environment comes from."""
+OVERUSE_POLICY_ANNOTATION: Final = "quotient.dev/overuse-policy"
+"""On a Queue: ``alert`` or ``evict``, what a pod of the queue over its GPU memory allotment gets."""
+
+# --- Quotient: reservation pods ---------------------------------------------------------------------------------------
+
+RESERVATION_NAMESPACE: Final = "quotient-reservation"
+RESERVATION_GROUP_LABEL: Final = "quotient.dev/gpu-group-reservation"
+"""On a reservation pod: the (label-safe) GPU group whose device it holds."""
+RESERVATION_GROUP_ANNOTATION: Final = "quotient.dev/gpu-group"
+"""On a reservation pod: the full GPU group id (the label holds its label-safe form)."""
+RESERVATION_UUID_ANNOTATION: Final = "quotient.dev/gpu-uuid"
+"""Written by the reservation pod itself (``quotient reserve``): the UUID of the device it holds."""
+RESERVATION_INDEX_ANNOTATION: Final = "quotient.dev/gpu-index"
+"""Written with the UUID: the device's NVML index on its node."""
+COMPONENT_LABEL: Final = "app.kubernetes.io/component"
+PART_OF_LABEL: Final = "app.kubernetes.io/part-of"
+MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
+RESERVATION_COMPONENT: Final = "gpu-reservation"
+PRODUCT: Final = "quotient"
+
+# --- Quotient: the local world (emulator, emulated nodes, demo, benchmarks) ------------------------------------------
+
+SIM_GPU_MEMORY_ANNOTATION: Final = "quotient.dev/sim-gpu-memory"
+"""On a pod of an emulated node: its GPU memory over time (``2Gi@0s,30Gi@20s``)."""
+SIM_DURATION_ANNOTATION: Final = "quotient.dev/sim-duration"
+"""On a pod of an emulated node: how long it runs before it ends."""
+SIM_EXIT_CODE_ANNOTATION: Final = "quotient.dev/sim-exit-code"
+"""On a pod of an emulated node: the exit code it ends with (0: Succeeded)."""
+EMULATED_LABEL: Final = "quotient.dev/emulated"
+"""On a node the emulator made."""
+BENCH_CREATED_ANNOTATION: Final = "quotient.dev/bench-created-ns"
+"""On a pod ``quotient bench e2e`` created: when, in ns, so create-to-bound latency is measured on the pod itself."""
+
+# --- vCluster and LeaderWorkerSet: what grouping reads of them --------------------------------------------------
+
+VCLUSTER_OWNER_KIND_ANNOTATION: Final = "vcluster.loft.sh/owner-set-kind"
+VCLUSTER_OWNER_NAME_ANNOTATION: Final = "vcluster.loft.sh/owner-set-name"
+VCLUSTER_NAMESPACE_ANNOTATION: Final = "vcluster.loft.sh/namespace"
+VCLUSTER_MANAGED_BY_LABEL: Final = "vcluster.loft.sh/managed-by"
+LWS_GROUP_INDEX_LABEL: Final = "leaderworkerset.sigs.k8s.io/group-index"

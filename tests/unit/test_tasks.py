@@ -1,0 +1,95 @@
+"""The task helpers: failures are logged at once, owners drain and cancel what they started."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from common import tasks
+
+
+async def test_a_guarded_failure_is_logged_at_once_and_still_raised(caplog: pytest.LogCaptureFixture) -> None:
+    async def broken() -> None:
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        await tasks.guard(broken(), name="loop")
+    assert any(record.getMessage() == "task_failed" for record in caplog.records)
+
+
+async def test_a_guarded_cancellation_propagates_without_a_failure_log(caplog: pytest.LogCaptureFixture) -> None:
+    started = asyncio.Event()
+
+    async def forever() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    task = asyncio.ensure_future(tasks.guard(forever(), name="loop"))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
+
+
+async def test_drain_waits_for_tasks_spawned_while_draining() -> None:
+    owned = tasks.TaskSet("test")
+    done: list[str] = []
+
+    async def second() -> None:
+        done.append("second")
+
+    async def first() -> None:
+        await asyncio.sleep(0)
+        owned.spawn(second(), name="second")
+        done.append("first")
+
+    owned.spawn(first(), name="first")
+    await owned.drain()
+    assert done == ["first", "second"]
+    assert len(owned) == 0
+
+
+async def test_a_failing_task_is_logged_and_leaves_the_others_running(caplog: pytest.LogCaptureFixture) -> None:
+    owned = tasks.TaskSet("binder")
+    gate = asyncio.Event()
+    finished: list[str] = []
+
+    async def broken() -> None:
+        raise ValueError("bad")
+
+    async def waits() -> None:
+        await gate.wait()
+        finished.append("waited")
+
+    owned.spawn(broken(), name="broken")
+    owned.spawn(waits(), name="waits")
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert len(owned) == 1
+    gate.set()
+    await owned.drain()
+    assert finished == ["waited"]
+    failures = [record for record in caplog.records if record.getMessage() == "task_failed"]
+    assert len(failures) == 1
+
+
+async def test_cancel_ends_every_task() -> None:
+    owned = tasks.TaskSet("grouper")
+    cancelled: list[str] = []
+
+    async def forever(name: str) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(name)
+            raise
+
+    for name in ("a", "b"):
+        owned.spawn(forever(name), name=name)
+    await asyncio.sleep(0)
+    await owned.cancel()
+    assert sorted(cancelled) == ["a", "b"]
+    assert len(owned) == 0
