@@ -11,13 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common import clusterspec
-from common.clusterspec import (
-    ClusterSpec,
-    MemoryScript,
-    TaintEffect,
-    TolerationOperator,
-)
+from common import clusterspec, names
 from common.errors import ClusterSpecError
 from tests.conftest import REPO, shared_path
 
@@ -27,7 +21,7 @@ S = 1_000_000_000
 DEMO = REPO / "examples" / "clusters" / "demo.yaml"
 
 
-def spec(text: str) -> ClusterSpec:
+def spec(text: str) -> clusterspec.ClusterSpec:
     return clusterspec.loads(textwrap.dedent(text), source="cluster.yaml")
 
 
@@ -192,9 +186,9 @@ def test_taints_are_read_from_mappings_and_from_kubectl_form() -> None:
         """
     ).nodes[0]
     assert [(t.key, t.value, t.effect) for t in node.taints] == [
-        ("nvidia.com/gpu", "present", TaintEffect.NO_SCHEDULE),
-        ("dedicated", "research", TaintEffect.NO_EXECUTE),
-        ("maintenance", "", TaintEffect.PREFER_NO_SCHEDULE),
+        ("nvidia.com/gpu", "present", clusterspec.TaintEffect.NO_SCHEDULE),
+        ("dedicated", "research", clusterspec.TaintEffect.NO_EXECUTE),
+        ("maintenance", "", clusterspec.TaintEffect.PREFER_NO_SCHEDULE),
     ]
 
 
@@ -211,7 +205,7 @@ def test_unowned_processes_hold_a_constant_or_scripted_amount() -> None:
         """
     ).nodes[0]
     constant, scripted, listed = node.unowned_processes
-    assert (constant.gpu_index, constant.memory) == (0, MemoryScript.constant(6 * GIB))
+    assert (constant.gpu_index, constant.memory) == (0, clusterspec.MemoryScript.constant(6 * GIB))
     assert [scripted.memory.at(t * S) for t in (0, 5, 29, 30)] == [None, GIB, GIB, 4 * GIB]
     assert listed.memory.points == ((60 * S, 512 * MIB),)
 
@@ -281,13 +275,13 @@ def test_every_pod_field_is_read() -> None:
     assert dict(pod.labels) == {"app": "train", "kai.scheduler/queue": "research"}
     assert dict(pod.annotations) == {
         "example.com/owner": "alice",
-        clusterspec.SIM_GPU_MEMORY_ANNOTATION: "2Gi@0s,30Gi@20s",
+        names.SIM_GPU_MEMORY_ANNOTATION: "2Gi@0s,30Gi@20s",
     }
     assert dict(pod.node_selector) == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
     assert [(t.key, t.operator, t.value, t.effect) for t in pod.tolerations] == [
-        ("nvidia.com/gpu", TolerationOperator.EXISTS, "", TaintEffect.NO_SCHEDULE),
-        ("dedicated", TolerationOperator.EQUAL, "research", None),
-        ("", TolerationOperator.EXISTS, "", None),
+        ("nvidia.com/gpu", clusterspec.TolerationOperator.EXISTS, "", clusterspec.TaintEffect.NO_SCHEDULE),
+        ("dedicated", clusterspec.TolerationOperator.EQUAL, "research", None),
+        ("", clusterspec.TolerationOperator.EXISTS, "", None),
     ]
     assert (pod.arrive_ns, pod.duration_ns) == (90 * S, 600 * S)
 
@@ -323,7 +317,7 @@ def test_the_written_and_the_listed_memory_script_are_the_same() -> None:
         """
     ).pods
     assert written.gpu_memory == listed.gpu_memory
-    assert written.annotations[clusterspec.SIM_GPU_MEMORY_ANNOTATION] == "2Gi@0s,30Gi@20s,8Gi@60s"
+    assert written.annotations[names.SIM_GPU_MEMORY_ANNOTATION] == "2Gi@0s,30Gi@20s,8Gi@60s"
 
 
 def test_a_memory_script_may_be_given_as_the_pod_annotation() -> None:
@@ -486,133 +480,6 @@ def test_errors_in_a_loaded_file_name_its_path(tmp_path: Path) -> None:
         clusterspec.load(path)
 
 
-# --- The inline form ---
-
-
-def test_the_inline_form_gives_nodes_of_gpus_with_the_documented_defaults() -> None:
-    cluster = clusterspec.parse_inline("2x8xA100-80GB")
-    assert [node.name for node in cluster.nodes] == ["node-0", "node-1"]
-    assert cluster.pods == ()
-    for node in cluster.nodes:
-        assert (node.milli_cpu, node.memory_bytes, node.pods) == (128_000, 1024 * GIB, 110)
-        assert [gpu.index for gpu in node.gpus] == list(range(8))
-        assert {(gpu.model, gpu.memory_bytes) for gpu in node.gpus} == {("A100-80GB", 81920 * MIB)}
-
-
-def test_inline_groups_joined_by_plus_get_names_unique_across_groups() -> None:
-    cluster = clusterspec.parse_inline("2x8xA100-80GB + 4x0 + 1x4xT4")
-    assert [node.name for node in cluster.nodes] == [f"node-{index}" for index in range(7)]
-    assert [len(node.gpus) for node in cluster.nodes] == [8, 8, 0, 0, 0, 0, 4]
-    cpu_only = cluster.nodes[2]
-    assert (cpu_only.milli_cpu, cpu_only.memory_bytes) == (64_000, 512 * GIB)
-    assert not any(key.startswith("nvidia.com/") for key in cpu_only.labels)
-
-
-def test_inline_overrides_set_cpu_memory_pods_gpu_memory_and_the_name_prefix() -> None:
-    cluster = clusterspec.parse_inline(
-        "2x8xA100-80GB:cpu=96,mem=768Gi,pods=64,gpumem=80Gi,prefix=gpu-a+1x2xT4:prefix=gpu-a+1x0:cpu=500m"
-    )
-    assert [node.name for node in cluster.nodes] == ["gpu-a-0", "gpu-a-1", "gpu-a-2", "node-0"]
-    first = cluster.nodes[0]
-    assert (first.milli_cpu, first.memory_bytes, first.pods) == (96_000, 768 * GIB, 64)
-    assert first.gpus[0].memory_bytes == 80 * GIB
-    assert first.labels["nvidia.com/gpu.memory"] == "81920"
-    assert cluster.nodes[2].gpus[0].model == "T4"
-    assert cluster.nodes[3].milli_cpu == 500
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("", r"empty group"),
-        ("2x8", r"8 GPUs need a model"),
-        ("two", r"not NODESxGPUS"),
-        ("2x8xFOO", r"unknown GPU model 'FOO'.*give its memory"),
-        ("2x8xA100-80G", r"did you mean 'A100-80GB'"),
-        ("4x0xT4", r"a node without GPUs takes no GPU model"),
-        ("0x8xT4", r"0 nodes"),
-        ("1x65xT4", r"65 GPUs per node"),
-        ("200000x0", r"200000 nodes"),
-        ("2x8xT4:cpu", r"override 'cpu' is not KEY=VALUE"),
-        ("2x8xT4:cpux=4", r"unknown override 'cpux' \(did you mean 'cpu'\?\)"),
-        ("2x8xT4:cpu=-1", r"negative"),
-        ("2x8xT4:mem=1e999999", r"out of range"),
-        ("2x8xT4:cpu=1,cpu=2", r"given twice"),
-        ("2x8xT4:prefix=GPU", r"node name 'GPU-0' is not a valid"),
-        ("1x0:gpumem=8Gi", r"takes no GPU model or memory"),
-        ("2x8xT4++1x0", r"group 2 '': empty group"),
-    ],
-)
-def test_bad_inline_specs_are_refused_with_the_accepted_form(text: str, expected: str) -> None:
-    with pytest.raises(ClusterSpecError) as caught:
-        clusterspec.parse_inline(text)
-    assert re.search(expected, str(caught.value)), str(caught.value)
-    assert clusterspec.INLINE_FORM in str(caught.value)
-
-
-def test_resolve_reads_an_existing_file_else_the_inline_form(tmp_path: Path) -> None:
-    assert clusterspec.resolve(str(DEMO)) == clusterspec.load(DEMO)
-    assert clusterspec.resolve("1x4xT4") == clusterspec.parse_inline("1x4xT4")
-    with pytest.raises(ClusterSpecError, match="no such cluster spec file"):
-        clusterspec.resolve(str(tmp_path / "absent.yaml"))
-
-
-# --- Memory scripts ---
-
-
-@pytest.mark.parametrize(
-    ("offset_s", "expected"),
-    [(-1, None), (0, 2 * GIB), (19, 2 * GIB), (20, 30 * GIB), (59, 30 * GIB), (60, 8 * GIB), (10**6, 8 * GIB)],
-)
-def test_a_memory_script_is_piecewise_constant_from_its_first_point(offset_s: int, expected: int | None) -> None:
-    script = clusterspec.parse_memory_script("2Gi@0s,30Gi@20s,8Gi@1m")
-    assert script.at(offset_s * S) == expected
-
-
-def test_nothing_runs_before_a_script_starts() -> None:
-    script = clusterspec.parse_memory_script("1Gi@10s")
-    assert (script.at(10 * S - 1), script.at(10 * S), script.start_ns) == (None, GIB, 10 * S)
-
-
-def test_a_point_without_an_offset_starts_at_zero() -> None:
-    assert clusterspec.parse_memory_script(" 6Gi ") == MemoryScript.constant(6 * GIB)
-    assert clusterspec.parse_memory_script("1Gi, 2Gi@500ms").points == ((0, GIB), (S // 2, 2 * GIB))
-
-
-def test_a_memory_script_prints_in_a_canonical_form_that_reads_back_equal() -> None:
-    script = clusterspec.parse_memory_script("1536Mi@0s, 1073741824@1500ms, 7@2h, 1Ki@7200000001us, 0@7200000001001ns")
-    assert script.text() == "1536Mi@0s,1Gi@1500ms,7@7200s,1Ki@7200000001us,0@7200000001001ns"
-    assert clusterspec.parse_memory_script(script.text()) == script
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("", r"empty"),
-        ("2Gi@", r"empty duration"),
-        ("abc", r"'abc' is not a Kubernetes quantity"),
-        ("2Gi@10s,3Gi@5s", r"offsets must increase"),
-        ("2Gi@1s,3Gi@1s", r"offsets must increase"),
-        ("-1Gi@0s", r"negative"),
-        ("2Gi@-1s", r"not a duration"),
-        ("2Gi@1e999s", r"out of range"),
-    ],
-)
-def test_bad_memory_scripts_are_refused_with_the_reason(text: str, expected: str) -> None:
-    with pytest.raises(ClusterSpecError, match=r"^memory script ") as caught:
-        clusterspec.parse_memory_script(text)
-    assert re.search(expected, str(caught.value)), str(caught.value)
-
-
-def test_a_memory_script_built_in_code_is_checked_too() -> None:
-    with pytest.raises(ClusterSpecError, match="at least one point"):
-        MemoryScript(points=())
-    with pytest.raises(ClusterSpecError, match="offsets must increase"):
-        MemoryScript(points=((5, 1), (5, 2)))
-    with pytest.raises(ClusterSpecError, match="out of range"):
-        MemoryScript(points=((0, -1),))
-
-
 # --- GPU UUIDs ---
 
 
@@ -637,13 +504,6 @@ def test_gpu_uuids_are_name_based_uuid5() -> None:
 
 # --- Properties ---
 
-_INLINE_PIECES = st.sampled_from(
-    [
-        *("1", "2", "0", "8", "x", "xA100-80GB", "xT4", "xFOO", ":", "=", ",", "+", "cpu", "mem=", "gpumem=1Gi"),
-        *("pods=3", "prefix=a", "1e99", "-1", "500m", "64Gi", " ", "\x00", "é", "٣"),
-    ]
-)
-_SCRIPT_PIECES = st.sampled_from(["1Gi", "2", "@", "0s", "1m", "500ms", ",", " ", "-", "1e9", "Ki", "h", "1.5", "€"])
 _YAML_PIECES = st.sampled_from(
     [
         *("nodes:", "pods:", "\n", "  ", "- ", "name: n", "count: 2", "gpus: {count: 1, model: T4}", "&a ", "*a"),
@@ -654,37 +514,7 @@ _YAML_PIECES = st.sampled_from(
 
 
 @settings(deadline=None)
-@given(st.one_of(st.text(), st.lists(_INLINE_PIECES, max_size=12).map("".join)))
-def test_the_inline_parser_raises_nothing_but_a_cluster_spec_error(text: str) -> None:
-    try:
-        cluster = clusterspec.parse_inline(text)
-    except ClusterSpecError:
-        return
-    assert cluster.nodes
-
-
-@settings(deadline=None)
-@given(st.one_of(st.text(), st.lists(_SCRIPT_PIECES, max_size=12).map("".join)))
-def test_the_memory_script_parser_raises_nothing_but_a_cluster_spec_error(text: str) -> None:
-    try:
-        script = clusterspec.parse_memory_script(text)
-    except ClusterSpecError:
-        return
-    assert clusterspec.parse_memory_script(script.text()) == script
-
-
-@settings(deadline=None)
 @given(st.one_of(st.text(), st.lists(_YAML_PIECES, max_size=20).map("".join)))
 def test_the_yaml_reader_raises_nothing_but_a_cluster_spec_error(text: str) -> None:
     with contextlib.suppress(ClusterSpecError):
         clusterspec.loads(text)
-
-
-@given(
-    st.lists(
-        st.tuples(st.integers(0, 10**15), st.integers(0, 2**50)), min_size=1, max_size=8, unique_by=lambda p: p[0]
-    ).map(sorted)
-)
-def test_any_memory_script_reads_back_from_its_text(points: list[tuple[int, int]]) -> None:
-    script = MemoryScript(points=tuple(points))
-    assert clusterspec.parse_memory_script(script.text()) == script
