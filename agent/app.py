@@ -1,27 +1,25 @@
 """``quotient agent``: wire the real adapters (NVML or fake GPUs, /proc, NATS, metrics) and run the loop.
 
 The only place where the agent's Protocols meet their implementations. Flags > environment (``QUOTIENT_*``) > a
-config file; the node name defaults to ``NODE_NAME``, which the DaemonSet sets through the downward API.
+config file; the node name defaults to ``NODE_NAME``, which the DaemonSet sets through the downward API. Everything
+around the service (settings, exit statuses, signals, uvloop) is ``common.command.run_service``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
-import signal
-import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from agent.gpus.probe import GpuProbe
 from agent.metrics import CONTENT_TYPE, AgentMetrics
 from agent.podmap import PodMapper
-from agent.publishing import AgentLoop, guarded
-from common import config, logs
+from agent.publishing import AgentLoop
+from common import command, config, logs, tasks
 from common.config import Setting
-from common.errors import ConfigError, QuotientError
+from common.errors import ConfigError
 from common.httpendpoint import HttpEndpoint, Response
 from common.natsconn import NatsBus
 
@@ -60,16 +58,26 @@ SETTINGS: tuple[Setting[object], ...] = (
 )
 
 
-def parse_args(argv: Sequence[str]) -> dict[str, object]:
-    parser = argparse.ArgumentParser(prog="quotient agent", description="GPU telemetry agent (one per GPU node)")
-    config.add_arguments(parser, SETTINGS)
-    values = config.resolve(SETTINGS, parser.parse_args(list(argv)))
-    if values["node"] is None:
+PROG = "quotient agent"
+DESCRIPTION = "GPU telemetry agent (one per GPU node)"
+
+
+def with_node_name(values: Mapping[str, object]) -> dict[str, object]:
+    """The resolved settings, the node name defaulting to ``NODE_NAME``; ``ConfigError`` when there is none."""
+    prepared = dict(values)
+    if prepared["node"] is None:
         node = os.environ.get("NODE_NAME", "").strip()
         if not node:
             raise ConfigError("--node: no node name given and NODE_NAME is not set (the DaemonSet sets it)")
-        values["node"] = node
-    return values
+        prepared["node"] = node
+    return prepared
+
+
+def parse_args(argv: Sequence[str]) -> dict[str, object]:
+    """The settings ``main`` would run with (for tests and tools; ``main`` parses through ``run_service``)."""
+    parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
+    config.add_arguments(parser, SETTINGS)
+    return with_node_name(config.resolve(SETTINGS, parser.parse_args(list(argv))))
 
 
 def build_probe(values: dict[str, object]) -> tuple[GpuProbe, Path]:
@@ -129,7 +137,7 @@ async def serve(values: dict[str, object]) -> None:
     log.info("agent_starting", node=node, boot=agent.boot, nats=str(values["nats"]), interval_s=values["interval"])
     try:
         async with asyncio.TaskGroup() as group:
-            group.create_task(guarded(bus.connect(), "nats-connect"))
+            group.create_task(tasks.guard(bus.connect(), name="nats-connect"))
             group.create_task(agent.run())
     finally:
         await bus.close()
@@ -138,31 +146,6 @@ async def serve(values: dict[str, object]) -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    try:
-        values = parse_args(argv)
-    except ConfigError as exc:
-        print(f"quotient agent: {exc}", file=sys.stderr)
-        return 2
-    logs.setup(level=str(values["log_level"]), fmt=str(values["log_format"]))
-    try:
-        run(serve(values))
-    except QuotientError as exc:
-        log.error("agent_failed", error=str(exc))
-        return 1
-    return 0
-
-
-def run(coro: object) -> None:
-    """Run ``coro`` on uvloop until it ends or SIGTERM/SIGINT arrives (then cancel it and let it clean up)."""
-    import uvloop
-
-    async def main_task() -> None:
-        assert asyncio.iscoroutine(coro)
-        task = asyncio.ensure_future(coro)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-    uvloop.run(main_task())
+    return command.run_service(
+        argv, prog=PROG, description=DESCRIPTION, settings=SETTINGS, prepare=with_node_name, serve=serve
+    )

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from agent.gpus.fake import FakeGpu, FakeProbe, FakeProcess, MemoryScript
-from common import clusterspec, quantities
+from common import clusterspec, names, quantities
 from common.errors import ClusterSpecError, QuantityError
 from common.quantities import MIB
 
@@ -170,33 +170,35 @@ class FakeNode:
 
 def _fraction_milli(pod: clusterspec.PodSpec, device_memory_bytes: int) -> int | None:
     """The pod's share of one device in milli-GPU, from ``gpu-fraction`` or ``gpu-memory`` (MiB, or a quantity)."""
-    memory_text = pod.annotations.get("gpu-memory")
-    if memory_text is not None and pod.annotations.get("gpu-fraction") is not None:
-        raise ClusterSpecError(f"pod {pod.namespace}/{pod.name}: gpu-fraction and gpu-memory are both set")
+    fraction, memory = names.GPU_FRACTION_ANNOTATION, names.GPU_MEMORY_ANNOTATION
+    where = f"pod {pod.namespace}/{pod.name}"
+    memory_text = pod.annotations.get(memory)
+    if memory_text is not None and pod.annotations.get(fraction) is not None:
+        raise ClusterSpecError(f"{where}: {fraction} and {memory} are both set")
     if memory_text is not None:
         try:
             plain_mib = memory_text.strip().isascii() and memory_text.strip().isdigit()
             wanted = int(memory_text) * MIB if plain_mib else quantities.parse_bytes(memory_text)
         except QuantityError as exc:
-            raise ClusterSpecError(f"pod {pod.namespace}/{pod.name}: gpu-memory {memory_text!r}: {exc}") from None
+            raise ClusterSpecError(f"{where}: {memory} {memory_text!r}: {exc}") from None
         if not 0 < wanted <= device_memory_bytes:
             raise ClusterSpecError(
-                f"pod {pod.namespace}/{pod.name}: gpu-memory {memory_text!r} does not fit a device of "
+                f"{where}: {memory} {memory_text!r} does not fit a device of "
                 f"{quantities.format_bytes(device_memory_bytes)}"
             )
         return -(-wanted * 1000 // device_memory_bytes)
-    text = pod.annotations.get("gpu-fraction")
+    text = pod.annotations.get(fraction)
     if text is None:
         return None
     try:
         value = decimal.Decimal(text)
     except decimal.InvalidOperation:
-        raise ClusterSpecError(f"pod {pod.namespace}/{pod.name}: gpu-fraction {text!r} is not a number") from None
+        raise ClusterSpecError(f"{where}: {fraction} {text!r} is not a number") from None
     if not (value.is_finite() and 0 < value < 1):  # NaN would raise InvalidOperation on comparison
-        raise ClusterSpecError(f"pod {pod.namespace}/{pod.name}: gpu-fraction {text!r} must be within (0, 1)")
+        raise ClusterSpecError(f"{where}: {fraction} {text!r} must be within (0, 1)")
     milli = int(value * 1000)
     if milli == 0:
-        raise ClusterSpecError(f"pod {pod.namespace}/{pod.name}: gpu-fraction {text!r} is below 0.001 of a GPU")
+        raise ClusterSpecError(f"{where}: {fraction} {text!r} is below 0.001 of a GPU")
     return milli
 
 

@@ -17,16 +17,15 @@ import contextlib
 import dataclasses
 import secrets
 import time
-from collections.abc import Callable, Coroutine, Iterable
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from agent import sampling
 from agent.gpus.probe import GpuProbe, HealthEvent, ProbeSample
 from agent.metrics import AgentMetrics
 from agent.podmap import PodRef
-from common import logs, subjects, wire
+from common import logs, messaging, subjects, tasks, wire
 from common.errors import BusError, GpuError, GpuLibraryUnavailable, GpuLost, WireError, WireReason
-from common.natsconn import MessageBus
 
 log = logs.get("agent")
 
@@ -62,7 +61,7 @@ class AgentLoop:
         node: str,
         probe: GpuProbe,
         pods: PodLookup,
-        bus: MessageBus,
+        bus: messaging.MessageBus,
         metrics: AgentMetrics,
         interval_s: float,
         clock_ns: Callable[[], int] = time.time_ns,
@@ -255,19 +254,8 @@ class AgentLoop:
         """Run the sampling and health loops until cancelled; closes the probe on the way out."""
         try:
             async with asyncio.TaskGroup() as group:
-                group.create_task(guarded(self._sampling_loop(), f"sampling:{self.node}"))
-                group.create_task(guarded(self._health_loop(), f"health:{self.node}"))
+                group.create_task(tasks.guard(self._sampling_loop(), name=f"sampling:{self.node}"))
+                group.create_task(tasks.guard(self._health_loop(), name=f"health:{self.node}"))
         finally:
             with contextlib.suppress(GpuError):
                 await asyncio.to_thread(self._probe.close)
-
-
-async def guarded(coro: Coroutine[Any, Any, None], name: str) -> None:
-    """Run a long-lived task, logging its failure at once (a TaskGroup would otherwise report it only at exit)."""
-    try:
-        await coro
-    except asyncio.CancelledError:
-        raise
-    except Exception:
-        log.exception("task_failed", task=name)
-        raise

@@ -9,21 +9,17 @@ tests drive the fakes: pods start and stop, memory follows scripts, failures are
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from agent import fakenode
 from agent.metrics import AgentMetrics
 from agent.podmap import PodMapper
-from agent.publishing import AgentLoop, guarded
-from common import clusterspec, config, logs
+from agent.publishing import AgentLoop
+from common import clusterspec, command, config, logs, tasks
 from common.config import Setting
-from common.errors import ConfigError, QuotientError
 from common.natsconn import NatsBus
 
 log = logs.get("nodes")
@@ -70,7 +66,7 @@ class EmulatedNodes:
         log.info("emulated_nodes_starting", nodes=len(self.agents))
         try:
             async with asyncio.TaskGroup() as group:
-                group.create_task(guarded(self.bus.connect(), "nats-connect"))
+                group.create_task(tasks.guard(self.bus.connect(), name="nats-connect"))
                 for agent in self.agents.values():
                     group.create_task(agent.run())
         finally:
@@ -96,7 +92,7 @@ SETTINGS: tuple[Setting[object], ...] = (
 )
 
 
-async def _serve(values: dict[str, object]) -> None:
+async def _serve(values: Mapping[str, object]) -> None:
     spec = clusterspec.resolve(str(values["nodes"]))
     seed = values["nats_nkey_seed"]
     nodes = EmulatedNodes(
@@ -112,20 +108,11 @@ async def _serve(values: dict[str, object]) -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="quotient nodes", description=__doc__.split("\n")[0] if __doc__ else None)
-    config.add_arguments(parser, SETTINGS)
-    try:
-        values = config.resolve(SETTINGS, parser.parse_args(list(argv)))
-    except ConfigError as exc:
-        print(f"quotient nodes: {exc}", file=sys.stderr)
-        return 2
-    logs.setup(level=str(values["log_level"]), fmt=str(values["log_format"]))
-    from agent.app import run
-
-    try:
-        with contextlib.suppress(KeyboardInterrupt):
-            run(_serve(values))
-    except QuotientError as exc:
-        log.error("nodes_failed", error=str(exc))
-        return 1
-    return 0
+    return command.run_service(
+        argv,
+        prog="quotient nodes",
+        description=__doc__.split("\n")[0] if __doc__ else "",
+        settings=SETTINGS,
+        prepare=command.values_as_is,
+        serve=_serve,
+    )

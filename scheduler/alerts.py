@@ -22,9 +22,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final, Protocol
 
-from common import logs, subjects, wire
+from common import logs, messaging, subjects, wire
 from common.errors import BusError, WireError
-from common.natsconn import MessageBus
 from scheduler.kube import events
 from scheduler.metrics import SchedulerMetrics
 from scheduler.telemetry import overuse
@@ -89,7 +88,7 @@ class AlertSink:
         *,
         metrics: SchedulerMetrics,
         recorder: EventSink,
-        bus: MessageBus | None,
+        bus: messaging.MessageBus | None,
         identity: str,
         max_queued: int = DEFAULT_MAX_QUEUED,
         clock_ns: Callable[[], int] = time.time_ns,

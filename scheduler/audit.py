@@ -12,9 +12,8 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 
-from common import logs, subjects, wire
+from common import logs, messaging, subjects, wire
 from common.errors import BusError, WireError
-from common.natsconn import MessageBus
 
 log = logs.get("scheduler.audit")
 
@@ -26,7 +25,7 @@ class AuditCounters:
 
 
 class DecisionPublisher:
-    def __init__(self, bus: MessageBus, *, identity: str, clock_ns: Callable[[], int] = time.time_ns) -> None:
+    def __init__(self, bus: messaging.MessageBus, *, identity: str, clock_ns: Callable[[], int] = time.time_ns) -> None:
         self._bus = bus
         self._identity = identity[:253] or "quotient-scheduler"
         self._boot = secrets.token_hex(8)

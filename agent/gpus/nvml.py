@@ -14,6 +14,11 @@ this module ever sees ``NVMLError``. The shape follows from what NVML costs and 
   boards) yields None for that field, never an error. A process list NVML withholds yields None, never ().
 - Health comes from an NVML event set (critical Xids and double-bit ECC errors) registered on every device that
   supports it; ``nvmlEventSetWait_v2`` blocks in the caller's thread for at most the timeout.
+
+Why one module of more than 400 lines: it holds one responsibility, the NVML boundary. The import-linter contract
+admits ``pynvml`` here and nowhere else, so every call into the library and its translation stay together (the
+lifecycle, the sampling queries with their fallbacks, the health event set share the device handles, the locks and
+the error mapping); what needs no pynvml, merging the process lists, is ``agent.gpus.processlists``.
 """
 
 from __future__ import annotations
@@ -23,12 +28,12 @@ import ctypes
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pynvml
 
-from agent.gpus import probe
+from agent.gpus import probe, processlists
 from common import errors
 
 # The NVML return codes this module decides on, typed (pynvml itself is untyped).
@@ -61,8 +66,6 @@ _OLDER_API = frozenset({_FUNCTION_NOT_FOUND, _ARGUMENT_VERSION_MISMATCH})
 _HEALTH_EVENT_TYPES = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
 # One wait returns at most this many events, so a storm of Xids cannot keep the caller inside NVML.
 _MAX_EVENTS_PER_WAIT = 64
-# NVML's GPU and compute instance id for a process that is not inside a MIG instance.
-_NO_INSTANCE = 0xFFFFFFFF
 # What a process's usedGpuMemory holds where the driver does not say (pynvml 13 turns it into None itself, older
 # releases did not).
 _MEMORY_NOT_AVAILABLE = int(pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value)
@@ -221,7 +224,7 @@ class NvmlProbe:
         graphics = self._process_list(handle, graphics=True)
         if compute is None and graphics is None:
             return None
-        return _merge_processes([*(compute or ()), *(graphics or ())])
+        return processlists.merge(_entry(info) for info in (*(compute or ()), *(graphics or ())))
 
     def _process_list(self, handle: Any, *, graphics: bool) -> list[Any] | None:
         if not self._legacy_processes:
@@ -430,39 +433,14 @@ def _is_lost(handle: Any) -> bool:
     return False
 
 
-def _merge_processes(infos: Iterable[Any]) -> tuple[probe.ProcessSample, ...]:
-    """One sample per pid, sorted by pid.
-
-    A process with both compute and graphics work appears in both lists with the same memory: keep one value per
-    (pid, GPU instance, compute instance). A process in several MIG instances of the device holds memory in each:
-    add them. Where the driver withholds some values the sum is of the known ones (a lower bound); None where it
-    withholds them all.
-    """
-    per_context: dict[tuple[int, int, int], int | None] = {}
-    for info in infos:
-        key = (
-            int(info.pid),
-            int(getattr(info, "gpuInstanceId", _NO_INSTANCE)),
-            int(getattr(info, "computeInstanceId", _NO_INSTANCE)),
-        )
-        used = _process_memory(info.usedGpuMemory)
-        per_context[key] = _combine(per_context[key], used, max) if key in per_context else used
-    per_pid: dict[int, int | None] = {}
-    for (pid, _gpu_instance, _compute_instance), used in per_context.items():
-        per_pid[pid] = _combine(per_pid[pid], used, _add) if pid in per_pid else used
-    return tuple(probe.ProcessSample(pid=pid, used_memory_bytes=per_pid[pid]) for pid in sorted(per_pid))
-
-
-def _add(a: int, b: int) -> int:
-    return a + b
-
-
-def _combine(a: int | None, b: int | None, op: Callable[[int, int], int]) -> int | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return op(a, b)
+def _entry(info: Any) -> processlists.ProcessEntry:
+    """A plain copy of one of pynvml's process structures (v2 structures have no instance ids)."""
+    return processlists.ProcessEntry(
+        pid=int(info.pid),
+        gpu_instance=int(getattr(info, "gpuInstanceId", processlists.NO_INSTANCE)),
+        compute_instance=int(getattr(info, "computeInstanceId", processlists.NO_INSTANCE)),
+        used_memory_bytes=_process_memory(info.usedGpuMemory),
+    )
 
 
 def _process_memory(value: Any) -> int | None:

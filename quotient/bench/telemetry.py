@@ -2,17 +2,13 @@
 
 The shape of issue 7's budget: 5,000 nodes of 8 GPUs with 32 GPU processes each, sampled at 4 Hz, is 20,000
 messages per second, to be decoded, checked and applied on one core. Messages are pre-encoded (realistic ones: every
-GPU gauge set, pod UIDs and container ids on every process, ~8 KB) and published from *another process* (this module
-run as ``python -m quotient.bench.telemetry --publish PLAN``, writing NATS's text protocol to its socket in chunks
-so the load generator stays cheap) through a real nats-server with the ``QUOTIENT_TELEMETRY`` stream declared, so this
-process pays only for what the scheduler pays for: reading the socket, the bus's batched subscription, the
-consumer's batching, msgspec decoding, the sequence gate and the state update.
-
-The publisher patches ``seq`` and ``ts_ns`` into each pre-encoded payload in place: both are encoded as 8-byte
-msgpack integers (``seq`` starts at 2**40 for that reason), so every message is new to the sequence gate without
-re-encoding; ``ts_ns`` is the wall clock when its chunk of messages is written to the socket. By default it paces
-itself at the budget (``--nodes`` x ``--hz``); ``--rate 0`` publishes as fast as it can, which shows the ceiling of
-the whole machine rather than of the consumer.
+GPU gauge set, pod UIDs and container ids on every process, ~8 KB) and published from *another process*
+(``quotient.bench.telemetryload``, which writes NATS's text protocol to its socket in chunks so the load generator
+stays cheap) through a real nats-server with the ``QUOTIENT_TELEMETRY`` stream declared, so this process pays only
+for what the scheduler pays for: reading the socket, the bus's batched subscription, the consumer's batching,
+msgspec decoding, the sequence gate and the state update. By default the publisher paces itself at the budget
+(``--nodes`` x ``--hz``); ``--rate 0`` publishes as fast as it can, which shows the ceiling of the whole machine
+rather than of the consumer.
 
 Figures (one JSON object on stdout), measured over ``--window-s`` after ``--warmup-s``:
 
@@ -24,12 +20,12 @@ Figures (one JSON object on stdout), measured over ``--window-s`` after ``--warm
   ``ingest_cpu_us_per_msg`` what is left; ``detector_us_per_observation`` is the price of one node's sample);
 - ``sample_to_alert_p99_s``: ``--crossings`` pods, each on its own node, go over their allotment during the window
   (the publisher switches the node to a pre-encoded sample where the pod's process uses more than the pod was
-  given, and reports when it first sent it). The pure ``OveruseDetector``, fed with the consumer's changes as the
-  scheduler feeds it, raises ``GpuMemoryOverconsumption`` after ``--grace-s``. It observes the nodes it has a view
-  of, the crossing ones; a scheduler observing every node would pay ``detector_us_per_observation`` per message.
-  The figure is the latency *beyond* the grace: alert transition time minus the first over-allotment sample's
-  ``ts_ns`` minus the grace. Issue 7 wants it under two sampling intervals; a crossing that never alerts counts in
-  ``alerts_missing``;
+  given, and reports when it first sent it). The pure ``OveruseDetector`` (``quotient.bench.telemetryalerts``),
+  fed with the consumer's changes as the scheduler feeds it, raises ``GpuMemoryOverconsumption`` after
+  ``--grace-s``. It observes the nodes it has a view of, the crossing ones; a scheduler observing every node would
+  pay ``detector_us_per_observation`` per message. The figure is the latency *beyond* the grace: alert
+  transition time minus the first over-allotment sample's ``ts_ns`` minus the grace. Issue 7 wants it under two
+  sampling intervals; a crossing that never alerts counts in ``alerts_missing``;
 - honesty: rejected messages by reason, messages dropped at the consumer's door, messages lost between publisher
   and consumer (sent but never delivered), and the consumer's resident memory holding every node's last sample;
 - ``within_budget``: ``one_core`` (at least 20,000 a second), ``kept_up`` (nothing dropped or lost and, when
@@ -49,293 +45,21 @@ import json
 import math
 import os
 import resource
-import struct
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
-from common import quantities, subjects, wire
+from common import command, quantities, wire
 from common.natsconn import NatsBus
 from common.natsserver import NatsServer
-from scheduler.telemetry import consumer, overuse
+from quotient.bench import telemetryalerts, telemetryload
+from scheduler.telemetry import consumer
 
-GIB: Final = quantities.GIB
 NS_PER_S: Final = quantities.NS_PER_S
 BUDGET_MSGS_PER_SECOND: Final = 20_000
-# Both are encoded as msgpack uint64 (0xcf and 8 bytes) when at least 2**32, so they can be patched in place.
-_SEQ_BASE: Final = 2**40
-_SEQ_KEY: Final = b"\xa3seq\xcf"
-_TS_KEY: Final = b"\xa5ts_ns\xcf"
-_U64: Final = struct.Struct(">Q")
-# Every pod is given this much on its device; the under-allotment samples use at most 9 GiB (see node_message).
-_ALLOTTED_BYTES: Final = 10 * GIB
-_OVER_BYTES: Final = 16 * GIB
-_TOLERANCE_BYTES: Final = GIB // 2
-# Messages are written to the publisher's socket this many at a time; each chunk gets one ts_ns.
-_CHUNK: Final = 250
-
-
-def _node_name(i: int) -> str:
-    return f"gpu-node-{i:05d}"
-
-
-def _pod_uid(i: int, p: int) -> str:
-    return f"{i:08x}-{p:04x}-4000-8000-{i * 64 + p:012x}"
-
-
-def node_message(
-    i: int, *, devices: int = 8, processes: int = 32, ts_ns: int, interval_ms: int = 250, over: bool = False
-) -> wire.NodeTelemetry:
-    """A realistic sample of node ``i``: every gauge set, ``processes`` pod processes spread over ``devices``, each
-    using 1 to 9 GiB; with ``over``, the first process (pod ``_pod_uid(i, 0)`` on device 0) uses 16 GiB."""
-    per_device: list[list[wire.ProcessReport]] = [[] for _ in range(devices)]
-    for p in range(processes):
-        per_device[p % devices].append(
-            wire.ProcessReport(
-                pid=10_000 + i % 1000 * 64 + p,
-                used_memory_bytes=_OVER_BYTES if over and p == 0 else (1 + (i + p) % 9) * GIB,
-                pod_uid=_pod_uid(i, p),
-                container_id=f"containerd://{(i * 64 + p):064x}",
-            )
-        )
-    gpus = tuple(
-        wire.GpuReport(
-            index=d,
-            uuid=_gpu_uuid(i, d),
-            model="NVIDIA A100-SXM4-80GB",
-            memory_total_bytes=80 * GIB,
-            memory_reserved_bytes=GIB // 2,
-            memory_used_bytes=sum(p.used_memory_bytes or 0 for p in per_device[d]),
-            memory_free_bytes=80 * GIB - GIB // 2 - sum(p.used_memory_bytes or 0 for p in per_device[d]),
-            gpu_util_pct=(i + d) % 101,
-            memory_util_pct=(i * 3 + d) % 101,
-            temperature_c=40 + d,
-            power_mw=250_000 + d * 1000,
-            ecc_corrected=0,
-            ecc_uncorrected=0,
-            mig_mode=False,
-            processes=tuple(per_device[d]),
-        )
-        for d in range(devices)
-    )
-    return wire.NodeTelemetry(
-        v=1,
-        node=_node_name(i),
-        boot=f"boot-{i:05d}",
-        seq=_SEQ_BASE,
-        ts_ns=ts_ns,
-        interval_ms=interval_ms,
-        driver_version="550.54.15",
-        gpus=gpus,
-    )
-
-
-def _gpu_uuid(i: int, d: int) -> str:
-    return f"GPU-{i:08x}-{d:04x}-4000-8000-000000000000"
-
-
-def encoded_messages(nodes: int, *, devices: int, processes: int, interval_ms: int = 250) -> list[tuple[str, bytes]]:
-    """One pre-encoded under-allotment sample per node, with its subject."""
-    ts_ns = time.time_ns()
-    return [
-        (
-            subjects.telemetry(_node_name(i)),
-            wire.encode(node_message(i, devices=devices, processes=processes, ts_ns=ts_ns, interval_ms=interval_ms)),
-        )
-        for i in range(nodes)
-    ]
-
-
-def crossing_nodes(nodes: int, crossings: int) -> list[int]:
-    """The nodes whose first pod goes over its allotment, spread evenly over the node numbers."""
-    count = min(crossings, nodes)
-    return [k * nodes // count for k in range(count)] if count else []
-
-
-def _patched(template: bytes, seq_at: int, ts_at: int, *, seq: int, ts_ns: int) -> bytes:
-    buffer = bytearray(template)
-    _U64.pack_into(buffer, seq_at, seq)
-    _U64.pack_into(buffer, ts_at, ts_ns)
-    return bytes(buffer)
-
-
-def _offsets(payload: bytes) -> tuple[int, int]:
-    seq_at = payload.index(_SEQ_KEY) + len(_SEQ_KEY)
-    ts_at = payload.index(_TS_KEY) + len(_TS_KEY)
-    return seq_at, ts_at
-
-
-# --- the publisher (another process) ---
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class PublisherPlan:
-    """What the publisher sends: the nodes, the pace, and when each crossing node switches to its over sample
-    (seconds after the start)."""
-
-    url: str
-    nodes: int
-    devices: int
-    processes: int
-    rate: int  # messages per second; 0: as fast as possible
-    interval_ms: int
-    duration_s: float
-    crossings: Mapping[int, float]
-
-
-async def _publish(plan: PublisherPlan) -> None:
-    """Publish the pre-encoded messages round after round, writing NATS's text protocol (``PUB subject size``)
-    straight to the socket in chunks: the load generator must cost as little CPU as possible, so that on a small
-    machine the consumer, not the publisher, is what the figure measures. Prints, as one JSON line, how many it
-    sent and when each crossing node's first over-allotment sample left (its ``ts_ns``)."""
-    under = encoded_messages(plan.nodes, devices=plan.devices, processes=plan.processes, interval_ms=plan.interval_ms)
-    over = {
-        i: wire.encode(
-            node_message(
-                i,
-                devices=plan.devices,
-                processes=plan.processes,
-                ts_ns=time.time_ns(),  # at least 2**32, so encoded on 8 bytes like the others
-                interval_ms=plan.interval_ms,
-                over=True,
-            )
-        )
-        for i in plan.crossings
-    }
-    templates = [payload for _, payload in under]
-    offsets = [_offsets(payload) for payload in templates]
-    headers = [f"PUB {subject} {len(payload)}\r\n".encode() for subject, payload in under]
-    host, _, port = plan.url.removeprefix("nats://").rpartition(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    info = await reader.readline()
-    if not info.startswith(b"INFO "):
-        raise RuntimeError(f"not a NATS server at {plan.url}: {info!r}")
-    writer.write(b'CONNECT {"verbose":false,"pedantic":false,"name":"bench-telemetry-publisher"}\r\n')
-    await writer.drain()
-    print("ready", flush=True)
-    sys.stdin.readline()  # the consumer says when it listens
-    pending_switch = sorted((at_s, i) for i, at_s in plan.crossings.items())
-    first_over_ts: dict[int, int] = {}
-    awaiting_first: set[int] = set()
-    sent = 0
-    start = time.perf_counter()
-    deadline = start + plan.duration_s
-    seq = _SEQ_BASE
-    ts_ns = time.time_ns()
-    chunk: list[bytes] = []
-    while time.perf_counter() < deadline:
-        seq += 1
-        elapsed = time.perf_counter() - start
-        while pending_switch and pending_switch[0][0] <= elapsed:
-            _, i = pending_switch.pop(0)
-            templates[i] = over[i]
-            offsets[i] = _offsets(over[i])
-            headers[i] = f"PUB {under[i][0]} {len(over[i])}\r\n".encode()
-            awaiting_first.add(i)
-        for i in range(plan.nodes):
-            if sent % _CHUNK == 0:
-                ts_ns = time.time_ns()
-            seq_at, ts_at = offsets[i]
-            chunk += (headers[i], _patched(templates[i], seq_at, ts_at, seq=seq, ts_ns=ts_ns), b"\r\n")
-            if i in awaiting_first:
-                awaiting_first.discard(i)
-                first_over_ts[i] = ts_ns
-            sent += 1
-            if sent % _CHUNK == 0:
-                writer.write(b"".join(chunk))
-                chunk.clear()
-                await writer.drain()
-                if plan.rate > 0:
-                    ahead_s = sent / plan.rate - (time.perf_counter() - start)
-                    if ahead_s > 0:
-                        await asyncio.sleep(ahead_s)
-                if time.perf_counter() >= deadline:
-                    break
-    writer.write(b"".join(chunk) + b"PING\r\n")
-    await writer.drain()
-    while not (line := await reader.readline()).startswith(b"PONG") and line:
-        pass
-    elapsed = time.perf_counter() - start
-    print(f"published {sent} in {elapsed:.2f}s ({sent / elapsed:.0f}/s)", file=sys.stderr, flush=True)
-    report = {"sent": sent, "elapsed_s": elapsed, "first_over_ts_ns": {str(i): t for i, t in first_over_ts.items()}}
-    print(json.dumps(report), flush=True)
-    writer.close()
-    await writer.wait_closed()
-
-
-# --- the consumer and the detector (this process) ---
-
-
-def _views(plan: PublisherPlan) -> dict[str, overuse.NodeView]:
-    """What the scheduler knows of each crossing node: one running pod per process, each allotted 10 GiB on the
-    device its process is on (the under-allotment samples use at most 9 GiB, so only the crossing pod goes over)."""
-    views: dict[str, overuse.NodeView] = {}
-    for i in plan.crossings:
-        node = _node_name(i)
-        pods = [
-            overuse.PodView(
-                uid=_pod_uid(i, p),
-                namespace="bench",
-                name=f"pod-{i}-{p}",
-                node=node,
-                queue="bench",
-                phase=overuse.PodPhase.RUNNING,
-                devices=(
-                    overuse.PodDevice(
-                        index=p % plan.devices, uuid=_gpu_uuid(i, p % plan.devices), allotted_bytes=_ALLOTTED_BYTES
-                    ),
-                ),
-            )
-            for p in range(plan.processes)
-        ]
-        views[node] = overuse.NodeView(pods=pods, holders={}, known_pods={pod.uid: pod for pod in pods}, policies={})
-    return views
-
-
-@dataclasses.dataclass(slots=True)
-class _Alerts:
-    """The detector's side of the run: when each crossing node's over-consumption alert fired, and its CPU."""
-
-    fired_ns: dict[str, int] = dataclasses.field(default_factory=dict)
-    observations: int = 0
-    cpu_s: float = 0.0
-
-
-async def _feed_detector(
-    telemetry: consumer.TelemetryConsumer,
-    detector: overuse.OveruseDetector,
-    views: Mapping[str, overuse.NodeView],
-    alerts: _Alerts,
-) -> None:
-    """As the scheduler does: wake on the consumer's changes and observe each changed node it has a view of."""
-    tracked = frozenset(views)
-    while True:
-        await telemetry.changed.wait()
-        changes = telemetry.take_changes()
-        nodes = changes.telemetry & tracked
-        if not nodes:
-            continue
-        cpu0 = time.process_time()
-        latest = telemetry.latest()
-        for node in nodes:
-            sample = latest[node]
-            now_ns = time.time_ns()
-            result = detector.observe(
-                overuse.NodeSample(telemetry=sample.telemetry, received_ns=sample.received_ns),
-                views[node],
-                now_ns=now_ns,
-            )
-            alerts.observations += 1
-            for transition in result.transitions:
-                if (
-                    transition.name is overuse.AlertName.GPU_MEMORY_OVERCONSUMPTION
-                    and transition.state is wire.AlertState.FIRING
-                ):
-                    alerts.fired_ns.setdefault(node, transition.at_ns)
-        alerts.cpu_s += time.process_time() - cpu0
 
 
 def _rss_bytes() -> tuple[int, int]:
@@ -362,11 +86,14 @@ def _percentile(values: Sequence[float], fraction: float) -> float | None:
 def _in_process(messages: Sequence[tuple[str, bytes]], rounds: int) -> tuple[float, float]:
     """Messages per second of CPU for msgspec decoding alone and for the consumer's core (``ingest``), no NATS."""
     payloads = [payload for _, payload in messages]
-    offsets = [_offsets(payload) for payload in payloads]
+    offsets = [telemetryload.patch_offsets(payload) for payload in payloads]
     ts_ns = time.time_ns()
     series = [
         [
-            (subject, _patched(payload, seq_at, ts_at, seq=_SEQ_BASE + r + 1, ts_ns=ts_ns + r))
+            (
+                subject,
+                telemetryload.patched(payload, seq_at, ts_at, seq=telemetryload.SEQ_BASE + r + 1, ts_ns=ts_ns + r),
+            )
             for (subject, payload), (seq_at, ts_at) in zip(messages, offsets, strict=True)
         ]
         for r in range(rounds)
@@ -394,13 +121,13 @@ def _crossing_span_s(args: argparse.Namespace) -> tuple[float, float]:
     return args.warmup_s + interval_s, args.warmup_s + args.window_s - args.grace_s - 3 * interval_s
 
 
-def _plan(args: argparse.Namespace, url: str) -> PublisherPlan:
+def _plan(args: argparse.Namespace, url: str) -> telemetryload.PublisherPlan:
     interval_s = 1 / args.hz
     rate = round(args.nodes * args.hz) if args.rate is None else args.rate
     first_s, last_s = _crossing_span_s(args)
-    nodes = crossing_nodes(args.nodes, args.crossings)
+    nodes = telemetryload.crossing_nodes(args.nodes, args.crossings)
     step_s = (last_s - first_s) / max(1, len(nodes) - 1)
-    return PublisherPlan(
+    return telemetryload.PublisherPlan(
         url=url,
         nodes=args.nodes,
         devices=args.devices,
@@ -417,28 +144,19 @@ async def _measure(args: argparse.Namespace) -> dict[str, object]:
     grace_ns = round(args.grace_s * NS_PER_S)
     with NatsServer() as server:
         plan = _plan(args, server.url)
-        views = _views(plan)
-        detector = overuse.OveruseDetector(
-            overuse.Settings(
-                tolerance_bytes=_TOLERANCE_BYTES,
-                grace_ns=grace_ns,
-                evict_grace_ns=3600 * NS_PER_S,
-                ghost_threshold_ns=3600 * NS_PER_S,
-                unattributed_threshold_bytes=GIB,
-            )
-        )
-        alerts = _Alerts()
+        views = telemetryalerts.views(plan)
+        detector = telemetryalerts.detector(grace_ns=grace_ns)
+        alerts = telemetryalerts.Alerts()
         bus = NatsBus(servers=server.url, name="bench-telemetry-consumer")
         await bus.connect_once()
         telemetry = consumer.TelemetryConsumer(bus=bus)
         task = asyncio.create_task(telemetry.run())
-        feeder = asyncio.create_task(_feed_detector(telemetry, detector, views, alerts))
+        feeder = asyncio.create_task(telemetryalerts.feed_detector(telemetry, detector, views, alerts))
         await asyncio.wait_for(telemetry.ready.wait(), 10)
         publisher = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "quotient.bench.telemetry",
-            "--publish",
+            "quotient.bench.telemetryload",
             json.dumps(dataclasses.asdict(plan)),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -495,7 +213,7 @@ async def _measure(args: argparse.Namespace) -> dict[str, object]:
     rate = accepted / wall_s
     cpu_us_per_msg = cpu_s / max(1, accepted) * 1e6
     one_core = 1e6 / max(cpu_us_per_msg, 1e-3)
-    first_over = {_node_name(int(i)): int(t) for i, t in report["first_over_ts_ns"].items()}
+    first_over = {telemetryload.node_name(int(i)): int(t) for i, t in report["first_over_ts_ns"].items()}
     beyond_grace_s = [
         (alerts.fired_ns[node] - sent_ns - grace_ns) / NS_PER_S
         for node, sent_ns in first_over.items()
@@ -508,7 +226,7 @@ async def _measure(args: argparse.Namespace) -> dict[str, object]:
     # Kept up: nothing dropped or lost, and (when paced) the accepted rate within 3% of the target (the window's
     # edges cut rounds in two).
     kept_up = dropped1 == dropped0 and delivered >= sent and (target_rate == 0 or rate >= 0.97 * target_rate)
-    messages = encoded_messages(min(args.nodes, 2000), devices=args.devices, processes=args.processes)
+    messages = telemetryload.encoded_messages(min(args.nodes, 2000), devices=args.devices, processes=args.processes)
     decode_rate, ingest_rate = _in_process(messages, rounds=4)
     return {
         "msgs_per_second": round(rate),
@@ -576,7 +294,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--window-s", type=float, default=5.0)
     parser.add_argument("--grace-s", type=float, default=1.0, help="the over-consumption grace period")
     parser.add_argument("--crossings", type=int, default=50, help="pods that go over their allotment in the window")
-    parser.add_argument("--publish", metavar="PLAN", help=argparse.SUPPRESS)
     return parser
 
 
@@ -604,20 +321,13 @@ def run(argv: Sequence[str]) -> dict[str, object]:
         f"rate {rate or 'max'}, window {args.window_s}s, grace {args.grace_s}s, {args.crossings} crossings",
         file=sys.stderr,
     )
-    import uvloop  # the scheduler runs on uvloop: measure on the same loop
+    result: dict[str, object] = {}
 
-    return uvloop.run(_measure(args))
+    async def measure() -> None:
+        result.update(await _measure(args))
 
-
-def _publisher_main(argv: Sequence[str]) -> int:
-    import uvloop
-
-    args = _parser().parse_args(list(argv))
-    fields = json.loads(args.publish)
-    fields["crossings"] = {int(i): float(at_s) for i, at_s in fields["crossings"].items()}
-    uvloop.run(_publish(PublisherPlan(**fields)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_publisher_main(sys.argv[1:]))
+    # The scheduler's own preamble runs it (on uvloop, as the scheduler runs): measure on the same loop.
+    command.run_until_signalled(measure())
+    if not result:
+        raise SystemExit("telemetry bench: stopped by a signal before it finished")
+    return result

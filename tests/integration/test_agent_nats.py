@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -12,9 +12,10 @@ from agent import fakenode
 from agent.metrics import AgentMetrics
 from agent.podmap import PodMapper
 from agent.publishing import AgentLoop
-from common import clusterspec, subjects, wire
+from common import clusterspec, sequencing, subjects, wire
 from common.natsconn import NatsBus
 from common.natsserver import NatsServer
+from tests.polling import until
 
 SPEC = """
 nodes:
@@ -62,14 +63,6 @@ class Collector:
     def health(self, node: str) -> list[wire.NodeHealth]:
         subject = subjects.health(node)
         return [wire.decode_health(data, subject_node=node) for s, data in self.messages if s == subject]
-
-
-async def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 @contextlib.asynccontextmanager
@@ -126,10 +119,10 @@ async def test_a_subscriber_decodes_exactly_what_the_fake_gpus_reported(
     _, collector = reader
     clock = Clock()
     async with running_agent(nats_server.url, "gpu-a", clock) as (agent, fake, _):
-        await wait_for(lambda: len(collector.telemetry("gpu-a")) >= 2)
+        await until(lambda: len(collector.telemetry("gpu-a")) >= 2)
         clock.now_ns += 25 * 1_000_000_000  # the train pod's script steps up to 30Gi at 20 s
         expected = fake.probe.sample()
-        await wait_for(lambda: any(t.ts_ns == expected.ts_ns for t in collector.telemetry("gpu-a")))
+        await until(lambda: any(t.ts_ns == expected.ts_ns for t in collector.telemetry("gpu-a")))
     received = next(t for t in collector.telemetry("gpu-a") if t.ts_ns == expected.ts_ns)
     assert received.node == "gpu-a" and received.boot == agent.boot
     assert [g.uuid for g in received.gpus] == [d.uuid for d in expected.devices]
@@ -159,11 +152,14 @@ async def test_the_stream_holds_the_last_sample_and_health_of_every_node(
     await bus.declare_telemetry_stream()  # idempotent
     clock = Clock()
     async with running_agent(nats_server.url, "gpu-a", clock), running_agent(nats_server.url, "gpu-b", clock):
-        await wait_for(lambda: len(collector.telemetry("gpu-a")) >= 3 and len(collector.telemetry("gpu-b")) >= 3)
-        await asyncio.sleep(0.05)
-    last_a = await bus.last_message(subjects.telemetry("gpu-a"))
-    assert last_a is not None
-    assert wire.decode_telemetry(last_a).seq == collector.telemetry("gpu-a")[-1].seq
+        await until(lambda: len(collector.telemetry("gpu-a")) >= 3 and len(collector.telemetry("gpu-b")) >= 3)
+
+    async def stream_holds_the_last_sample_received() -> bool:
+        # The agents are gone: their last sample reaches the stream and the reader, in whichever order.
+        last_a = await bus.last_message(subjects.telemetry("gpu-a"))
+        return last_a is not None and wire.decode_telemetry(last_a).seq == collector.telemetry("gpu-a")[-1].seq
+
+    await until(stream_holds_the_last_sample_received, what="the stream's last gpu-a sample")
     replay = await bus.last_per_subject("quotient.v1.>")
     assert sorted(subject for subject, _ in replay) == sorted(
         [subjects.telemetry("gpu-a"), subjects.telemetry("gpu-b"), subjects.health("gpu-a"), subjects.health("gpu-b")]
@@ -178,20 +174,20 @@ async def test_the_agent_survives_a_nats_outage_and_publishes_its_newest_sample_
 ) -> None:
     clock = Clock()
     async with running_agent(nats_server.url, "gpu-a", clock, interval_s=0.05) as (agent, _, bus):
-        await wait_for(lambda: bus.connected)
+        await until(lambda: bus.connected)
         nats_server.stop()
-        await wait_for(lambda: not bus.connected)
+        await until(lambda: not bus.connected)
         outage_started_seq = agent.latest.seq if agent.latest else 0
-        await asyncio.sleep(0.6)  # the agent keeps sampling through the outage
-        assert agent.latest is not None and agent.latest.seq > outage_started_seq + 3
+        # The agent keeps sampling through the outage.
+        await until(lambda: agent.latest is not None and agent.latest.seq > outage_started_seq + 3)
         assert agent.healthy()
         nats_server.start()
         listener = NatsBus(servers=nats_server.url, name="late-reader")
         await listener.connect_once()
         collector = Collector()
         await listener.subscribe(subjects.TELEMETRY_ALL, collector)
-        await wait_for(lambda: bus.connected, timeout_s=15)
-        await wait_for(lambda: len(collector.telemetry("gpu-a")) >= 2)
+        await until(lambda: bus.connected, timeout_s=15)
+        await until(lambda: len(collector.telemetry("gpu-a")) >= 2)
         await listener.close()
     assert bus.counters.disconnects >= 1 and bus.counters.reconnects >= 1
     first = collector.telemetry("gpu-a")[0]
@@ -204,16 +200,16 @@ async def test_a_reader_accepts_a_restarted_agent_with_a_new_boot(
 ) -> None:
     _, collector = reader
     clock = Clock()
-    gate = wire.SequenceGate()
+    gate = sequencing.SequenceGate()
     async with running_agent(nats_server.url, "gpu-b", clock, boot="first-boot"):
-        await wait_for(lambda: len(collector.telemetry("gpu-b")) >= 5)
+        await until(lambda: len(collector.telemetry("gpu-b")) >= 5)
     clock.now_ns += 1_000_000_000
     first_run = collector.telemetry("gpu-b")
     for message in first_run:
         assert gate.admit_message(message).accepted
     collector.messages.clear()
     async with running_agent(nats_server.url, "gpu-b", clock, boot="second-boot"):
-        await wait_for(lambda: len(collector.telemetry("gpu-b")) >= 1)
+        await until(lambda: len(collector.telemetry("gpu-b")) >= 1)
     restarted = collector.telemetry("gpu-b")[0]
     assert restarted.boot == "second-boot" and restarted.seq < first_run[-1].seq
     assert gate.admit_message(restarted).accepted

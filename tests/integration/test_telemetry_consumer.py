@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgpack
 
 from common import subjects, wire
-from common.errors import WireReason
+from common.errors import BusError, WireReason
 from common.natsconn import NatsBus
 from common.natsserver import NatsServer
 from scheduler.telemetry import consumer
+from tests.polling import until
 
 GIB = 1024**3
 T0 = 1_700_000_000_000_000_000
@@ -60,14 +60,6 @@ def tampered(message: wire.NodeTelemetry, **changes: Any) -> bytes:
         else:
             fields[key] = value
     return bytes(msgpack.packb(fields))
-
-
-async def wait_until(predicate: Callable[[], bool], *, timeout_s: float = 10.0) -> None:
-    """Poll a condition reached by other processes (nats-server, the consumer's task)."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.01)
 
 
 @contextlib.asynccontextmanager
@@ -142,13 +134,13 @@ async def test_samples_published_while_the_consumer_starts_are_neither_lost_nor_
 
         publisher = asyncio.create_task(keep_publishing())
         try:
-            await wait_until(lambda: published >= 20)
+            await until(lambda: published >= 20)
             async with running(nats_server) as telemetry_consumer:
-                await wait_until(lambda: telemetry_consumer.counters.accepted_telemetry >= 40 * len(nodes))
+                await until(lambda: telemetry_consumer.counters.accepted_telemetry >= 40 * len(nodes))
                 stop.set()
                 await publisher
                 await agent.flush()
-                await wait_until(lambda: all(telemetry_consumer.latest()[n].telemetry.seq == published for n in nodes))
+                await until(lambda: all(telemetry_consumer.latest()[n].telemetry.seq == published for n in nodes))
                 assert telemetry_consumer.counters.rejected_total == 0
         finally:
             publisher.cancel()
@@ -166,8 +158,8 @@ async def test_live_samples_replace_the_previous_ones_and_signal_a_change(nats_s
         await publish(
             agent, subjects.health("gpu-a"), wire.encode(health("gpu-a", seq=1, status=wire.HealthStatus.DEGRADED))
         )
-        await wait_until(lambda: "gpu-a" in telemetry_consumer.health())
-        await wait_until(lambda: telemetry_consumer.latest()["gpu-a"].telemetry.seq == 2)
+        await until(lambda: "gpu-a" in telemetry_consumer.health())
+        await until(lambda: telemetry_consumer.latest()["gpu-a"].telemetry.seq == 2)
         sample = telemetry_consumer.latest()["gpu-a"]
         assert sample.telemetry.gpus[0].memory_used_bytes == 30 * GIB
         assert sample.received_ns > 0
@@ -192,14 +184,14 @@ async def test_every_kind_of_bad_message_is_rejected_and_counted_by_reason(nats_
     }
     async with running(nats_server) as telemetry_consumer, connected(nats_server, "agent") as agent:
         await publish(agent, subjects.telemetry("gpu-a"), wire.encode(good))
-        await wait_until(lambda: "gpu-a" in telemetry_consumer.latest())
+        await until(lambda: "gpu-a" in telemetry_consumer.latest())
         for subject, payload in bad.values():
             await publish(agent, subject, payload)
         # The same message again (as a replay overlapping the live feed delivers it) is a duplicate, not a rejection.
         await publish(agent, subjects.telemetry("gpu-a"), wire.encode(good))
         # Health is checked by the same rules.
         await publish(agent, subjects.health("gpu-a"), b"\x00")
-        await wait_until(lambda: telemetry_consumer.counters.received >= 1 + len(bad) + 2)
+        await until(lambda: telemetry_consumer.counters.received >= 1 + len(bad) + 2)
 
         rejected = telemetry_consumer.counters.rejected
         assert {reason: rejected[reason] for reason in bad} == {
@@ -264,7 +256,7 @@ async def test_a_flood_of_garbage_oversized_and_forged_messages_is_counted_witho
                 assert telemetry_consumer.buffered <= config.max_buffered_messages
         await attacker.flush()
         counters = telemetry_consumer.counters
-        await wait_until(lambda: counters.received + counters.dropped_buffer_full >= flood)
+        await until(lambda: counters.received + counters.dropped_buffer_full >= flood)
 
         assert counters.rejected[WireReason.SUBJECT_MISMATCH] == flood // 4
         assert counters.rejected[WireReason.OVERSIZED] == flood // 4
@@ -274,7 +266,7 @@ async def test_a_flood_of_garbage_oversized_and_forged_messages_is_counted_witho
 
         # Still alive and taking good messages from a node it knows.
         await publish(attacker, subjects.telemetry("n3"), wire.encode(telemetry("n3", seq=2)))
-        await wait_until(lambda: telemetry_consumer.latest()["n3"].telemetry.seq == 2)
+        await until(lambda: telemetry_consumer.latest()["n3"].telemetry.seq == 2)
 
 
 async def test_messages_beyond_the_buffer_are_dropped_and_counted_at_the_door(nats_server: NatsServer) -> None:
@@ -284,7 +276,7 @@ async def test_messages_beyond_the_buffer_are_dropped_and_counted_at_the_door(na
         for seq in range(1, 26):
             await publish(agent, subjects.telemetry("gpu-a"), wire.encode(telemetry("gpu-a", seq=seq)))
         await agent.flush()
-        await wait_until(lambda: telemetry_consumer.counters.dropped_buffer_full == 15)
+        await until(lambda: telemetry_consumer.counters.dropped_buffer_full == 15)
         assert telemetry_consumer.buffered == 10
         telemetry_consumer.flush()
         assert telemetry_consumer.latest()["gpu-a"].telemetry.seq == 10
@@ -293,27 +285,30 @@ async def test_messages_beyond_the_buffer_are_dropped_and_counted_at_the_door(na
 async def test_the_consumer_recovers_after_nats_server_restarts(nats_server: NatsServer) -> None:
     async with running(nats_server) as telemetry_consumer, connected(nats_server, "agent") as agent:
         await publish(agent, subjects.telemetry("gpu-a"), wire.encode(telemetry("gpu-a", seq=1)))
-        await wait_until(lambda: "gpu-a" in telemetry_consumer.latest())
+        await until(lambda: "gpu-a" in telemetry_consumer.latest())
 
         nats_server.stop()
         nats_server.start()  # same port; memory storage: the stream is gone with the old process
 
         # The agent keeps publishing its newest sample; the consumer reconnects, declares and replays the stream,
         # and follows live again.
-        async def published_after_reconnect() -> None:
-            seq = 2
-            while telemetry_consumer.latest()["gpu-a"].telemetry.seq < 2:
-                with contextlib.suppress(Exception):
-                    await publish(agent, subjects.telemetry("gpu-a"), wire.encode(telemetry("gpu-a", seq=seq)))
-                    seq += 1
-                await asyncio.sleep(0.05)
+        seq = 2
 
-        await asyncio.wait_for(published_after_reconnect(), 20)
-        await wait_until(lambda: telemetry_consumer.counters.replays >= 2)
+        async def followed_after_reconnect() -> bool:
+            nonlocal seq
+            if telemetry_consumer.latest()["gpu-a"].telemetry.seq >= 2:
+                return True
+            with contextlib.suppress(BusError):
+                await publish(agent, subjects.telemetry("gpu-a"), wire.encode(telemetry("gpu-a", seq=seq)))
+                seq += 1
+            return False
+
+        await until(followed_after_reconnect, timeout_s=20, interval_s=0.05)
+        await until(lambda: telemetry_consumer.counters.replays >= 2)
         assert telemetry_consumer.counters.gaps >= 1
         await publish(agent, subjects.telemetry("gpu-a"), wire.encode(telemetry("gpu-a", seq=1000)))
         await agent.flush()
-        await wait_until(lambda: telemetry_consumer.latest()["gpu-a"].telemetry.seq == 1000)
+        await until(lambda: telemetry_consumer.latest()["gpu-a"].telemetry.seq == 1000)
 
     # The restarted server holds the stream again, so a scheduler starting now reads the last sample at once.
     async with running(nats_server) as fresh:

@@ -1,6 +1,6 @@
-"""The batched subscription's frame reader, fed byte by byte as a socket would: every split of the stream between
-reads yields the same messages, control lines are answered, and anything it cannot parse drops the connection after
-handing over what came before it."""
+"""The frame reader (``common.natsframes``), fed as a socket would: every split of the stream between reads yields
+the same messages, control lines are answered or reported, a failing handler loses only its own batch, and anything
+it cannot parse drops the connection after handing over what came before it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common import natsconn
+from common import natsframes
 
 
 class FakeTransport:
@@ -62,7 +62,7 @@ def feed(stream: bytes, cuts: Sequence[int], *, live: bool = True) -> tuple[Fake
     async def run() -> tuple[FakeSubscription, FakeTransport]:
         subscription = FakeSubscription()
         transport = FakeTransport()
-        reader = natsconn._FrameReader(subscription)  # type: ignore[arg-type]
+        reader = natsframes.FrameReader(subscription)
         reader.connection_made(transport)  # type: ignore[arg-type]
         if live:
             reader.go_live(ping_interval_s=3600)
@@ -86,12 +86,18 @@ def msg(subject: str, payload: bytes, *, sid: int = 1, reply: str | None = None)
 
 
 subjects_strategy = st.sampled_from(["quotient.v1.telemetry.gpu-a", "quotient.v1.health.n~1", "a", "x.y.z"])
-frames = st.one_of(
-    st.tuples(subjects_strategy, st.binary(max_size=3000), st.sampled_from([None, "_INBOX.r"])).map(
-        lambda t: ("msg", t)
-    ),
-    st.sampled_from([("ping", None), ("ok", None)]),
+# Payloads that look like protocol lines must still be taken as payload, by their size alone.
+payloads = st.one_of(
+    st.binary(max_size=3000),
+    st.sampled_from([b"", b"\r\n", b"MSG a 1 3\r\nabc\r\n", b"PING\r\n", b"-ERR 'x'\r\n"]),
 )
+frames = st.one_of(
+    st.tuples(subjects_strategy, payloads, st.sampled_from([None, "_INBOX.r"])).map(lambda t: ("msg", t)),
+    st.sampled_from([("ping", None), ("ok", None), ("info", None), ("err", None)]),
+)
+# What a live server may send between messages besides PING: cluster updates and errors it does not close for.
+_INFO = b'INFO {"server_id":"s","max_payload":1048576,"connect_urls":["10.0.0.2:4222"]}\r\n'
+_ERR = b"-ERR 'Permissions Violation for Subscription to \"x\"'\r\n"
 
 
 @settings(max_examples=150, deadline=None)
@@ -101,7 +107,7 @@ def test_every_split_of_the_stream_between_reads_yields_the_same_messages_in_ord
 ) -> None:
     stream = b""
     expected: list[tuple[str, bytes]] = []
-    pings = 0
+    pings = errors = 0
     for kind, value in items:
         if kind == "msg":
             assert value is not None
@@ -111,11 +117,41 @@ def test_every_split_of_the_stream_between_reads_yields_the_same_messages_in_ord
         elif kind == "ping":
             stream += b"PING\r\n"
             pings += 1
+        elif kind == "info":
+            stream += _INFO
+        elif kind == "err":
+            stream += _ERR
+            errors += 1
         else:
             stream += b"+OK\r\n"
     subscription, transport = feed(stream, [cut % (len(stream) + 1) for cut in cut_points])
     assert subscription.messages == expected
     assert bytes(transport.written) == b"PONG\r\n" * pings
+    assert subscription.server_errors == ['Permissions Violation for Subscription to "x"'] * errors
+    assert not subscription.violations and not transport.aborted
+
+
+def test_a_handler_that_raises_loses_only_its_own_batch() -> None:
+    class Failing(FakeSubscription):
+        def on_batch(self, batch: list[tuple[str, bytes]]) -> None:
+            super().on_batch(batch)
+            if len(self.batches) == 1:
+                raise RuntimeError("a bad handler call")
+
+    async def run() -> tuple[Failing, FakeTransport]:
+        subscription, transport = Failing(), FakeTransport()
+        reader = natsframes.FrameReader(subscription)
+        reader.connection_made(transport)  # type: ignore[arg-type]
+        reader.go_live(ping_interval_s=3600)
+        for chunk in (msg("a", b"1") + msg("a", b"2"), msg("a", b"3")):
+            room = reader.get_buffer(-1)
+            room[: len(chunk)] = chunk
+            reader.buffer_updated(len(chunk))
+        reader.connection_lost(None)
+        return subscription, transport
+
+    subscription, transport = asyncio.run(run())
+    assert subscription.batches == [[("a", b"1"), ("a", b"2")], [("a", b"3")]]
     assert not subscription.violations and not transport.aborted
 
 
