@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from common import credentials
+from common import credentials, names
 from common.errors import ConfigError
 
 ROLES = ("agent", "scheduler", "reader")
@@ -109,9 +109,9 @@ def _secret(*, name: str, namespace: str, component: str, data: Mapping[str, str
             "name": name,
             "namespace": namespace,
             "labels": {
-                "app.kubernetes.io/part-of": "quotient",
-                "app.kubernetes.io/component": component,
-                "app.kubernetes.io/managed-by": "quotient-nats-keys",
+                names.PART_OF_LABEL: names.PRODUCT,
+                names.COMPONENT_LABEL: component,
+                names.MANAGED_BY_LABEL: "quotient-nats-keys",
             },
         },
         "type": "Opaque",

@@ -13,24 +13,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from common import clusterspec, logs
+from common import clusterspec, logs, names
 from common.errors import ClusterSpecError
 from quotient.emulator.runtime import PodLaunch
 from quotient.nodes import EmulatedNodes
 
 log = logs.get("nodes.runtime")
 
-GPU_DEVICES_ANNOTATION = "quotient.dev/gpu-devices"
-GPU_UUIDS_ANNOTATION = "quotient.dev/gpu-uuids"
-VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+# NVIDIA_VISIBLE_DEVICES values that name no device: every device, no device but the driver, nothing (as runc).
+_NOT_UUIDS = ("all", "none", names.NO_DEVICES)
 
 
 def _visible_uuids(launch: PodLaunch) -> tuple[str, ...]:
     for env in launch.env.values():
-        value = env.get(VISIBLE_DEVICES, "")
-        if value and value not in ("all", "none", "void"):
+        value = env.get(names.VISIBLE_DEVICES_ENV, "")
+        if value and value not in _NOT_UUIDS:
             return tuple(part.strip() for part in value.split(",") if part.strip())
-    text = launch.annotations.get(GPU_UUIDS_ANNOTATION, "")
+    text = launch.annotations.get(names.GPU_UUIDS_ANNOTATION, "")
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
@@ -42,7 +41,7 @@ def devices_of(launch: PodLaunch, uuids_of_node: Mapping[str, int] | None = None
         found = tuple(uuids_of_node[uuid] for uuid in _visible_uuids(launch) if uuid in uuids_of_node)
         if found:
             return found
-    text = launch.annotations.get(GPU_DEVICES_ANNOTATION, "")
+    text = launch.annotations.get(names.GPU_DEVICES_ANNOTATION, "")
     return tuple(int(part) for part in text.split(",") if part.strip().isascii() and part.strip().isdigit())
 
 
@@ -54,7 +53,7 @@ class GpuNodesRuntime:
 
     def start_pod(self, launch: PodLaunch) -> None:
         fake = self._nodes.fakes.get(launch.node)
-        script_text = launch.annotations.get(clusterspec.SIM_GPU_MEMORY_ANNOTATION)
+        script_text = launch.annotations.get(names.SIM_GPU_MEMORY_ANNOTATION)
         if fake is None or not script_text:
             return
         devices = devices_of(launch, {gpu.uuid: gpu.index for gpu in fake.spec.gpus})

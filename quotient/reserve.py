@@ -14,19 +14,16 @@ the patch (RBAC). An API that is only unavailable is retried with backoff.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import signal
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from agent.gpus.probe import GpuProbe
-from common import config, logs
+from common import command, config, logs, names, retrying
 from common.backoff import Backoff
 from common.config import Setting
-from common.errors import ConfigError, QuotientError
-from scheduler.kube import client, reservations
+from common.errors import ConfigError
+from scheduler.kube import client
 from scheduler.kube.errors import KubeError, KubeUnavailable
 
 log = logs.get("reserve")
@@ -66,65 +63,66 @@ async def report_device(
     index: int,
     backoff: Backoff | None = None,
     attempts: int = 20,
-    sleep: Callable[[float], object] = asyncio.sleep,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> None:
     """Write the device to this pod's annotations, retrying while the API is unavailable."""
     patch = {
-        "metadata": {"annotations": {reservations.UUID_ANNOTATION: uuid, reservations.INDEX_ANNOTATION: str(index)}}
+        "metadata": {
+            "annotations": {names.RESERVATION_UUID_ANNOTATION: uuid, names.RESERVATION_INDEX_ANNOTATION: str(index)}
+        }
     }
-    delays = backoff or Backoff(base_s=0.2, cap_s=10.0)
-    for attempt in range(attempts):
-        try:
-            await api.patch(client.PODS, patch, name=name, namespace=namespace)
-            log.info("reserved", pod=f"{namespace}/{name}", uuid=uuid, index=index)
-            return
-        except KubeUnavailable as exc:
-            log.warning("report_retry", attempt=attempt + 1, error=str(exc))
-            result = sleep(delays.delay_s(attempt))
-            if asyncio.iscoroutine(result):
-                await result
-    raise KubeUnavailable(f"the API did not take the device's UUID after {attempts} attempts")
+
+    def log_retry(attempt: int, error: BaseException, delay_s: float) -> None:
+        log.warning("report_retry", attempt=attempt, error=str(error))
+
+    try:
+        await retrying.retry(
+            lambda: api.patch(client.PODS, patch, name=name, namespace=namespace),
+            backoff=backoff or Backoff(base_s=0.2, cap_s=10.0),
+            retry_on=KubeUnavailable,
+            attempts=attempts,
+            on_retry=log_retry,
+            sleep=sleep,
+        )
+    except KubeUnavailable as exc:
+        raise KubeUnavailable(f"the API did not take the device's UUID after {attempts} attempts") from exc
+    log.info("reserved", pod=f"{namespace}/{name}", uuid=uuid, index=index)
 
 
-async def run(api: client.KubeApi, probe: GpuProbe, *, namespace: str, name: str, stop: asyncio.Event) -> None:
+async def run(api: client.KubeApi, probe: GpuProbe, *, namespace: str, name: str) -> None:
+    """Report the device this pod holds, then hold it until the pod is deleted (SIGTERM cancels this)."""
     uuid, index = await asyncio.to_thread(read_device, probe)
     await report_device(api, namespace=namespace, name=name, uuid=uuid, index=index)
-    await stop.wait()
+    await asyncio.Event().wait()
+
+
+def _prepare(values: Mapping[str, object]) -> Mapping[str, object]:
+    if not values["pod_name"] or not values["pod_namespace"]:
+        raise ConfigError("--pod-name and --pod-namespace (or QUOTIENT_POD_NAME, QUOTIENT_POD_NAMESPACE) are needed")
+    return values
+
+
+async def _serve(values: Mapping[str, object]) -> None:
+    from agent.gpus.nvml import NvmlProbe
+
+    api = await client.KubeClient.connect(
+        kubeconfig=str(values["kubeconfig"]) if values["kubeconfig"] else None,
+        server=str(values["kube_server"]) if values["kube_server"] else None,
+    )
+    try:
+        await run(api, NvmlProbe(), namespace=str(values["pod_namespace"]), name=str(values["pod_name"]))
+    finally:
+        with contextlib.suppress(KubeError):
+            await api.close()
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="quotient reserve", description="hold one GPU for a GPU group (a pod)")
-    config.add_arguments(parser, SETTINGS)
-    try:
-        values = config.resolve(SETTINGS, parser.parse_args(list(argv)))
-        if not values["pod_name"] or not values["pod_namespace"]:
-            raise ConfigError(
-                "--pod-name and --pod-namespace (or QUOTIENT_POD_NAME, QUOTIENT_POD_NAMESPACE) are needed"
-            )
-    except ConfigError as exc:
-        print(f"quotient reserve: {exc}", file=sys.stderr)
-        return 2
-    logs.setup(level=str(values["log_level"]), fmt=str(values["log_format"]))
-    from agent.gpus.nvml import NvmlProbe
-
-    async def main_task() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        api = await client.KubeClient.connect(
-            kubeconfig=str(values["kubeconfig"]) if values["kubeconfig"] else None,
-            server=str(values["kube_server"]) if values["kube_server"] else None,
-        )
-        try:
-            await run(api, NvmlProbe(), namespace=str(values["pod_namespace"]), name=str(values["pod_name"]), stop=stop)
-        finally:
-            with contextlib.suppress(KubeError):
-                await api.close()
-
-    try:
-        asyncio.run(main_task())
-    except QuotientError as exc:  # GpuError, KubeError, ConfigError: each says what is wrong
-        log.error("reserve_failed", error=str(exc))
-        return 1
-    return 0
+    # GpuError, KubeError and ConfigError raised while running each say what is wrong: logged, exit status 1.
+    return command.run_service(
+        argv,
+        prog="quotient reserve",
+        description="hold one GPU for a GPU group (a pod)",
+        settings=SETTINGS,
+        prepare=_prepare,
+        serve=_serve,
+    )

@@ -22,21 +22,17 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from common import logs
+from common import names
 from common.natsserver import free_port
-
-log = logs.get("bench.e2e")
-
-CREATED_ANNOTATION = "quotient.dev/bench-created-ns"
 
 
 def _pod(index: int, rng: random.Random) -> dict[str, object]:
-    annotations = {CREATED_ANNOTATION: str(time.time_ns())}
+    annotations = {names.BENCH_CREATED_ANNOTATION: str(time.time_ns())}
     resources: dict[str, object] = {"requests": {"cpu": "1", "memory": "2Gi"}}
     if rng.random() < 0.4:
-        annotations["gpu-fraction"] = rng.choice(["0.25", "0.5", "0.5", "0.75", "0.3"])
+        annotations[names.GPU_FRACTION_ANNOTATION] = rng.choice(["0.25", "0.5", "0.5", "0.75", "0.3"])
     else:
-        resources["limits"] = {"nvidia.com/gpu": str(rng.choice([1, 1, 1, 1, 2]))}
+        resources["limits"] = {names.GPU_RESOURCE: str(rng.choice([1, 1, 1, 1, 2]))}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -103,7 +99,7 @@ async def _watch_until(
                         meta = obj.get("metadata") or {}
                         rv = str(meta.get("resourceVersion") or rv)
                         name = str(meta.get("name") or "")
-                        created = (meta.get("annotations") or {}).get(CREATED_ANNOTATION)
+                        created = (meta.get("annotations") or {}).get(names.BENCH_CREATED_ANNOTATION)
                         if created and (obj.get("spec") or {}).get("nodeName") and name not in bound:
                             bound[name] = (int(created), time.time_ns())
                             if len(bound) >= count:

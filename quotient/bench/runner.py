@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import platform
 import sys
 import time
@@ -24,8 +25,6 @@ BENCHMARKS: dict[str, str] = {
 
 
 def _machine() -> dict[str, object]:
-    import os
-
     return {
         "python": platform.python_version(),
         "cpu": platform.processor() or platform.machine(),

@@ -6,13 +6,16 @@ the official ``kubernetes`` client and ``kubectl``, as against a cluster. Module
 - ``emulator``: the assembled emulator (``Emulator``, ``EmulatorThread``) and its test hooks; ``app``: the
   ``quotient emulator`` command; ``cluster``: what a fresh cluster holds (nodes from the cluster spec, namespaces,
   priority classes, KAI's default queues).
-- ``server`` (HTTP, routing, watches on the wire), ``views`` (JSON, Table, metadata), ``tables``, ``discovery``,
+- ``server`` (HTTP, dispatch, watches on the wire), ``routing`` (the URL scheme, verbs, bodies, responses),
+  ``views`` (JSON, Table, metadata), ``tables`` and ``printers`` (``kubectl get`` columns), ``discovery``,
   ``openapi``, ``protobuf`` (the few protobuf bodies kubectl sends), ``testhooks`` (the hooks over HTTP).
-- ``api`` (the semantics of each verb), ``defaulting``, ``validation``, ``admission`` (webhooks), ``patches``,
-  ``selectors``, ``status`` (Failure values and Status bodies), ``conversions``.
+- ``api`` (the semantics of each verb), ``deletion``, ``binding`` (``pods/binding``), ``crds``, ``naming``
+  (generated names), ``defaulting``, ``validation``, ``admission`` (webhooks), ``patches``, ``selectors``,
+  ``status`` (Failure values and Status bodies), ``conversions``.
 - ``store`` (objects, the global resourceVersion, history), ``watching`` (fan-out), ``objects``, ``kinds``.
 - ``controllers`` (the work queue, garbage collection, namespaces), ``workloads`` (Deployment, ReplicaSet, Job),
-  ``training`` (PyTorchJob); ``kubelets`` (pods' lifecycle, the device plugin), ``nodefit`` (kubelet admission),
-  ``podenv`` (container environments), ``runtime`` (the ``ContainerRuntime`` seam to emulated GPU nodes);
+  ``training`` (PyTorchJob); ``kubelets`` (pods' lifecycle), ``deviceplugin`` (GPU allocation), ``nodefit``
+  (kubelet admission), ``podenv`` (container environments), ``podstatus`` (what a kubelet writes), ``runtime``
+  (the ``ContainerRuntime`` seam to emulated GPU nodes), ``reservations`` (reservation pods report their GPU);
   ``faults`` (injected errors and delays).
 """

@@ -10,37 +10,24 @@ account), mutating webhooks, defaults again, then the name from ``generateName``
 validation, validating webhooks, and the store. Updates check ``metadata.resourceVersion`` (409 Conflict when stale,
 which leader election relies on), keep what the caller may not change (status through the main resource, spec
 through ``/status``, the object's identity), bump ``generation`` on spec changes, and store nothing when nothing
-changed. Deletion is graceful for bound pods (the kubelet finishes it), waits on finalizers, and for namespaces
-hands over to the namespace controller.
+changed. Deletion (``deletion.py``) and the binding subresource (``binding.py``) have modules of their own.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import secrets
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-from quotient.emulator import conversions, defaulting, patches, selectors, status, validation
+from common import names
+from quotient.emulator import binding, conversions, crds, defaulting, naming, patches, selectors, status, validation
 from quotient.emulator.admission import Attributes, Webhooks
+from quotient.emulator.deletion import DeleteOptions, Deletion
 from quotient.emulator.kinds import Kind, Registry
-from quotient.emulator.objects import (
-    Obj,
-    child,
-    clone,
-    is_deleting,
-    metadata,
-    set_condition,
-    status_copy,
-    timestamp,
-)
+from quotient.emulator.objects import Obj, clone, is_deleting, metadata, set_condition, timestamp
 from quotient.emulator.store import Store
 
-# apimachinery's SafeEncodeString alphabet (no vowels, no confusable characters), used for generated names.
-NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
-_GENERATED_SUFFIX = 5
-_GENERATE_ATTEMPTS = 8  # the API server retries a generated name that exists (RetryGenerateName)
 _SYSTEM_FIELDS = (
     "uid",
     "resourceVersion",
@@ -51,39 +38,17 @@ _SYSTEM_FIELDS = (
     "managedFields",
     "selfLink",
 )
-CRDS = "customresourcedefinitions.apiextensions.k8s.io"
-TERMINAL_PHASES = ("Succeeded", "Failed")
-
-
-def random_suffix(length: int = _GENERATED_SUFFIX) -> str:
-    return "".join(secrets.choice(NAME_ALPHABET) for _ in range(length))
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class DeleteOptions:
-    grace_period_s: int | None = None
-    propagation: str = "Background"  # Background, Foreground (served as Background) or Orphan
-    uid: str | None = None  # preconditions
-    resource_version: str | None = None
-    dry_run: bool = False
-
-    @classmethod
-    def from_body(
-        cls, body: Any, *, grace: str | None = None, propagation: str | None = None, dry_run: bool = False
-    ) -> DeleteOptions:
-        """From a ``DeleteOptions`` body and the query parameters (which win)."""
-        body = body if isinstance(body, dict) else {}
-        preconditions = body.get("preconditions") if isinstance(body.get("preconditions"), dict) else {}
-        period = body.get("gracePeriodSeconds")
-        if grace is not None and grace.lstrip("-").isdigit():
-            period = int(grace)
-        return cls(
-            grace_period_s=int(period) if isinstance(period, int) else None,
-            propagation=str(propagation or body.get("propagationPolicy") or "Background"),
-            uid=preconditions.get("uid"),
-            resource_version=preconditions.get("resourceVersion"),
-            dry_run=dry_run or bool(body.get("dryRun")),
-        )
+# What an update keeps from the stored object whatever the caller sent.
+_IDENTITY_FIELDS = (
+    "uid",
+    "creationTimestamp",
+    "namespace",
+    "name",
+    "generation",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "resourceVersion",
+)
 
 
 class Api:
@@ -92,6 +57,7 @@ class Api:
         self.registry = registry
         self.webhooks = webhooks
         self.clock = clock
+        self.deletion = Deletion(store=store, registry=registry, clock=clock)
 
     def now(self) -> str:
         return timestamp(self.clock())
@@ -128,6 +94,14 @@ class Api:
         ]
 
     # --- Create ---
+
+    def _stored_form(self, kind: Kind, body: Any, namespace: str) -> Obj | status.Failure:
+        """A request's object in the stored form, with its kind and namespace checked against the request's."""
+        if not isinstance(body, dict):
+            return status.bad_request("the body of the request must be a JSON object")
+        obj = conversions.to_storage(kind, body)
+        failure = self._check_identity(kind, obj, namespace)
+        return obj if failure is None else failure
 
     def _check_identity(self, kind: Kind, obj: Obj, namespace: str) -> status.Failure | None:
         api_version, kind_name = obj.get("apiVersion"), obj.get("kind")
@@ -177,12 +151,9 @@ class Api:
 
     async def create(self, kind: Kind, namespace: str, body: Any, *, dry_run: bool = False) -> Obj | status.Failure:
         """Create an object; takes ownership of ``body`` (a fresh dict)."""
-        if not isinstance(body, dict):
-            return status.bad_request("the body of the request must be a JSON object")
-        obj = conversions.to_storage(kind, body)
-        failure = self._check_identity(kind, obj, namespace)
-        if failure is not None:
-            return failure
+        obj = self._stored_form(kind, body, namespace)
+        if isinstance(obj, status.Failure):
+            return obj
         meta = obj["metadata"]
         failure = self._check_namespace(kind, namespace, str(meta.get("name") or meta.get("generateName") or ""))
         if failure is not None:
@@ -204,7 +175,10 @@ class Api:
             meta = obj.setdefault("metadata", {})
             defaulting.apply(kind.storage, obj)
         if not meta.get("name") and meta.get("generateName"):
-            meta["name"] = self._generate_name(kind, namespace, str(meta["generateName"]))
+            scope = namespace if kind.namespaced else ""
+            meta["name"] = naming.generate(
+                str(meta["generateName"]), taken=lambda name: self.store.get(kind.storage, scope, name) is not None
+            )
         name = str(meta.get("name") or "")
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = self.now()
@@ -221,49 +195,14 @@ class Api:
                 return failure
         if self.store.get(kind.storage, meta.get("namespace", ""), name) is not None:
             return status.already_exists(kind.plural, name, group=kind.group)
-        if kind.storage == CRDS:
-            self._establish(obj)
+        if kind.storage == crds.CRDS:
+            crds.establish(obj, now=self.now())
         if dry_run:
             return obj
         stored = self.store.create(kind.storage, obj)
-        if kind.storage == CRDS:
+        if kind.storage == crds.CRDS:
             self.registry.add_crd(stored)
         return stored
-
-    def _generate_name(self, kind: Kind, namespace: str, prefix: str) -> str:
-        scope = namespace if kind.namespaced else ""
-        for _ in range(_GENERATE_ATTEMPTS):
-            candidate = prefix[: 63 - _GENERATED_SUFFIX] + random_suffix()
-            if self.store.get(kind.storage, scope, candidate) is None:
-                return candidate
-        return prefix + random_suffix()
-
-    def _establish(self, crd: Obj) -> None:
-        now = self.now()
-        crd["status"] = {
-            "acceptedNames": dict((crd.get("spec") or {}).get("names") or {}),
-            "conditions": [
-                {
-                    "type": "NamesAccepted",
-                    "status": "True",
-                    "reason": "NoConflicts",
-                    "message": "no conflicts found",
-                    "lastTransitionTime": now,
-                },
-                {
-                    "type": "Established",
-                    "status": "True",
-                    "reason": "InitialNamesAccepted",
-                    "message": "the initial names have been accepted",
-                    "lastTransitionTime": now,
-                },
-            ],
-            "storedVersions": [
-                str(v.get("name"))
-                for v in (crd.get("spec") or {}).get("versions") or []
-                if isinstance(v, dict) and v.get("storage")
-            ],
-        }
 
     def _attributes(
         self, kind: Kind, operation: str, obj: Obj | None, old: Obj | None, dry_run: bool, subresource: str = ""
@@ -288,12 +227,9 @@ class Api:
         current = self.store.get(kind.storage, namespace if kind.namespaced else "", name)
         if current is None:
             return status.not_found(kind.plural, name, group=kind.group)
-        if not isinstance(body, dict):
-            return status.bad_request("the body of the request must be a JSON object")
-        new = conversions.to_storage(kind, body)
-        failure = self._check_identity(kind, new, namespace)
-        if failure is not None:
-            return failure
+        new = self._stored_form(kind, body, namespace)
+        if isinstance(new, status.Failure):
+            return new
         given = metadata(new).get("name")
         if given and given != name:
             return status.bad_request(f"the name of the object ({given}) does not match the name on the URL ({name})")
@@ -325,10 +261,9 @@ class Api:
         )
         if isinstance(patched, status.Failure):
             return patched
-        new = conversions.to_storage(kind, patched)
-        failure = self._check_identity(kind, new, namespace)
-        if failure is not None:
-            return failure
+        new = self._stored_form(kind, patched, namespace)
+        if isinstance(new, status.Failure):
+            return new
         return await self._update(kind, current, new, subresource=subresource, dry_run=dry_run)
 
     async def _update(
@@ -356,16 +291,7 @@ class Api:
                 merged["status"] = current.get("status", {})
             defaulting.apply(kind.storage, merged)
         meta, old_meta = merged.setdefault("metadata", {}), metadata(current)
-        for field in (
-            "uid",
-            "creationTimestamp",
-            "namespace",
-            "name",
-            "generation",
-            "deletionTimestamp",
-            "deletionGracePeriodSeconds",
-            "resourceVersion",
-        ):
+        for field in _IDENTITY_FIELDS:
             if field in old_meta:
                 meta[field] = old_meta[field]
             else:
@@ -396,7 +322,7 @@ class Api:
         if is_deleting(merged) and not metadata(merged).get("finalizers") and finished:
             removed = self.store.delete(kind.storage, meta.get("namespace", ""), name)
             return removed if removed is not None else merged
-        if kind.storage == CRDS:
+        if kind.storage == crds.CRDS:
             self.registry.remove_crd(name)
             self.registry.add_crd(merged)
         return self.store.replace(kind.storage, merged)
@@ -427,158 +353,14 @@ class Api:
         updated = {**current, "metadata": dict(metadata(current)), "status": new_status}
         return self.store.replace(kind.storage, updated)
 
-    # --- Delete ---
+    # --- Delete (``deletion.py``) and binding (``binding.py``) ---
 
     async def delete(self, kind: Kind, namespace: str, name: str, options: DeleteOptions) -> Obj | status.Failure:
-        scope = namespace if kind.namespaced else ""
-        current = self.store.get(kind.storage, scope, name)
-        if current is None:
-            return status.not_found(kind.plural, name, group=kind.group)
-        meta = metadata(current)
-        if options.uid and options.uid != meta.get("uid"):
-            return status.conflict(
-                kind.plural,
-                name,
-                f"Precondition failed: UID in precondition: {options.uid}, UID in object meta: {meta.get('uid')}",
-                group=kind.group,
-            )
-        if options.resource_version and options.resource_version != meta.get("resourceVersion"):
-            return status.conflict(
-                kind.plural,
-                name,
-                f"Precondition failed: ResourceVersion in precondition: {options.resource_version}, "
-                f"ResourceVersion in object meta: {meta.get('resourceVersion')}",
-                group=kind.group,
-            )
-        if options.dry_run:
-            return current
-        if options.propagation == "Orphan":
-            self._orphan_dependents(str(meta.get("uid")))
-        if kind.storage == "pods":
-            graceful = self._graceful_pod_delete(kind, current, options)
-            if graceful is not None:
-                return graceful
-        elif kind.storage == "namespaces":
-            return self._start_namespace_deletion(kind, current)
-        if meta.get("finalizers"):
-            if is_deleting(current):
-                return current
-            marked = clone(current)
-            marked["metadata"]["deletionTimestamp"] = self.now()
-            marked["metadata"]["deletionGracePeriodSeconds"] = 0
-            return self.store.replace(kind.storage, marked)
-        if kind.storage == CRDS:
-            self._drop_custom_resources(current)
-        removed = self.store.delete(kind.storage, scope, name)
-        return removed if removed is not None else current
+        return self.deletion.delete(kind, namespace, name, options)
 
-    def _graceful_pod_delete(self, kind: Kind, pod: Obj, options: DeleteOptions) -> Obj | None:
-        """Mark a running pod for deletion and let its kubelet finish; None when it goes at once (unbound, done,
-        or a zero grace period)."""
-        spec, phase = pod.get("spec") or {}, (pod.get("status") or {}).get("phase")
-        grace = options.grace_period_s
-        if grace is None:
-            grace = int(spec.get("terminationGracePeriodSeconds", defaulting.DEFAULT_GRACE_S))
-        if not spec.get("nodeName") or phase in TERMINAL_PHASES or grace <= 0:
-            return None
-        meta = metadata(pod)
-        if is_deleting(pod) and int(meta.get("deletionGracePeriodSeconds") or 0) <= grace:
-            return pod
-        marked = clone(pod)
-        marked["metadata"]["deletionTimestamp"] = timestamp(self.clock() + grace)
-        marked["metadata"]["deletionGracePeriodSeconds"] = grace
-        return self.store.replace(kind.storage, marked)
-
-    def _start_namespace_deletion(self, kind: Kind, namespace: Obj) -> Obj:
-        if is_deleting(namespace):
-            return namespace
-        marked = clone(namespace)
-        marked["metadata"]["deletionTimestamp"] = self.now()
-        marked["metadata"]["deletionGracePeriodSeconds"] = 0
-        marked.setdefault("status", {})["phase"] = "Terminating"
-        return self.store.replace(kind.storage, marked)
-
-    def finish_namespace_deletion(self, name: str) -> None:
-        """The namespace controller found it empty: remove it."""
-        self.store.delete("namespaces", "", name)
-
-    def finish_pod_deletion(self, pod: Obj) -> None:
-        """The kubelet stopped the pod: remove it, unless finalizers hold it (then it stays deleting)."""
-        meta = metadata(pod)
-        current = self.store.get("pods", str(meta.get("namespace")), str(meta.get("name")))
-        if current is None or metadata(current).get("uid") != meta.get("uid"):
-            return
-        if metadata(current).get("finalizers"):
-            if metadata(current).get("deletionGracePeriodSeconds") != 0:
-                held = clone(current)
-                held["metadata"]["deletionGracePeriodSeconds"] = 0
-                self.store.replace("pods", held)
-            return
-        self.store.delete("pods", str(meta.get("namespace")), str(meta.get("name")))
-
-    def _orphan_dependents(self, owner_uid: str) -> None:
-        for storage, dependent in self.store.dependents(owner_uid):
-            orphaned = clone(dependent)
-            refs = [ref for ref in metadata(orphaned).get("ownerReferences") or [] if ref.get("uid") != owner_uid]
-            if refs:
-                orphaned["metadata"]["ownerReferences"] = refs
-            else:
-                orphaned["metadata"].pop("ownerReferences", None)
-            self.store.replace(storage, orphaned)
-
-    def _drop_custom_resources(self, crd: Obj) -> None:
-        """Deleting a CRD deletes its objects; its kinds stop being served (unless they are built in)."""
-        spec = crd.get("spec") or {}
-        storage = f"{(spec.get('names') or {}).get('plural')}.{spec.get('group')}"
-        for obj in self.store.objects(storage):
-            self.store.delete(storage, str(metadata(obj).get("namespace") or ""), str(metadata(obj).get("name")))
-        self.registry.remove_crd(str(metadata(crd).get("name")))
-
-    # --- Pod subresources ---
-
-    def bind(self, namespace: str, name: str, binding: Any) -> Obj | status.Failure:
-        """``pods/binding``: set ``spec.nodeName`` once. 201 with a Status on success, as the API server answers."""
-        if not isinstance(binding, dict):
-            return status.bad_request("the body of the request must be a Binding object")
-        meta = child(binding, "metadata")
-        if meta.get("name") and meta["name"] != name:
-            return status.bad_request("name in URL does not match name in Binding object")
-        target = child(binding, "target")
-        causes = []
-        if target.get("kind") not in (None, "", "Node"):
-            causes.append(status.not_supported("target.kind", target.get("kind"), ["Node", "<empty>"]))
-        if not target.get("name"):
-            causes.append(status.required("target.name"))
-        if causes:
-            return status.invalid("Binding", name, causes)
-        pod = self.store.get("pods", namespace, name)
-        if pod is None:
-            return status.not_found("pods", name)
-        spec = pod.get("spec") or {}
-        reason = None
-        if meta.get("uid") and meta["uid"] != metadata(pod).get("uid"):
-            found_uid = metadata(pod).get("uid")
-            reason = f"Precondition failed: UID in precondition: {meta['uid']}, UID in object meta: {found_uid}"
-        elif is_deleting(pod):
-            reason = f"pod {name} is being deleted, cannot be assigned to a host"
-        elif spec.get("nodeName"):
-            reason = f'pod {name} is already assigned to node "{spec["nodeName"]}"'
-        elif spec.get("schedulingGates"):
-            reason = f"pod {name} has non-empty .spec.schedulingGates"
-        if reason is not None:
-            return status.conflict("pods/binding", name, reason)
-        # Copy on write along the changed paths only: stored objects are never mutated, so the rest is shared.
-        bound = {**pod, "metadata": dict(metadata(pod)), "spec": {**spec, "nodeName": str(target["name"])}}
-        annotations = meta.get("annotations")
-        if isinstance(annotations, dict) and annotations:
-            bound["metadata"]["annotations"] = {**(bound["metadata"].get("annotations") or {}), **annotations}
-        bound["status"] = status_copy(pod)
-        set_condition(
-            bound["status"],
-            {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": self.now()},
-        )
-        self.store.replace("pods", bound)
-        return status.success(201)
+    def bind(self, namespace: str, name: str, body: Any) -> Obj | status.Failure:
+        """``pods/binding``; tests may replace it on the instance to watch what the HTTP layer binds."""
+        return binding.bind(self.store, namespace, name, body, now=self.now())
 
     async def evict(self, kind: Kind, namespace: str, name: str, body: Any) -> Obj | status.Failure:
         """``pods/eviction``: mark the pod with a DisruptionTarget condition, then delete it."""
@@ -590,7 +372,7 @@ class Api:
         set_condition(
             new_status,
             {
-                "type": "DisruptionTarget",
+                "type": names.DISRUPTION_TARGET_CONDITION,
                 "status": "True",
                 "reason": "EvictionByEvictionAPI",
                 "message": "Eviction API: evicting",

@@ -6,23 +6,18 @@ port 0 learns the port; logs go to stderr. ``--kubeconfig-out FILE`` writes a ku
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
 import json
-import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from common import clusterspec, config, logs
+from common import clusterspec, command, config
 from common.config import Setting
-from common.errors import ConfigError, QuotientError
+from common.errors import QuotientError
 from quotient.emulator.emulator import Emulator, EmulatorConfig
 from quotient.emulator.kubelets import KubeletConfig
 from quotient.emulator.server import ServerConfig
-
-log = logs.get("emulator.app")
 
 
 def _parse_non_negative_s(raw: object) -> float:
@@ -46,59 +41,39 @@ SETTINGS: tuple[Setting[object], ...] = (
 )
 
 
-async def _serve(values: dict[str, object]) -> None:
-    spec = clusterspec.resolve(str(values["nodes"]))
-    emulator = Emulator(
-        spec,
-        config=EmulatorConfig(
-            kubelet=KubeletConfig(start_delay_s=float(str(values["kubelet_delay"]))),
-            server=ServerConfig(bookmark_interval_s=float(str(values["bookmark_interval"]))),
-            history_events=int(str(values["history"])),
-            scripted_pods=bool(values["scripted_pods"]),
-        ),
-    )
-    await emulator.start(str(values["host"]), int(str(values["port"])))
+async def _serve(values: Mapping[str, object]) -> None:
     try:
-        if values["kubeconfig_out"]:
-            emulator.write_kubeconfig(Path(str(values["kubeconfig_out"])))
-        print(json.dumps({"url": emulator.url, "port": emulator.port}), flush=True)
-        await asyncio.Event().wait()
-    finally:
-        await emulator.stop()
-
-
-def _run(values: dict[str, object]) -> None:
-    import uvloop
-
-    async def main_task() -> None:
-        task = asyncio.ensure_future(_serve(values))
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-    uvloop.run(main_task())
+        spec = clusterspec.resolve(str(values["nodes"]))
+        emulator = Emulator(
+            spec,
+            config=EmulatorConfig(
+                kubelet=KubeletConfig(start_delay_s=float(str(values["kubelet_delay"]))),
+                server=ServerConfig(bookmark_interval_s=float(str(values["bookmark_interval"]))),
+                history_events=int(str(values["history"])),
+                scripted_pods=bool(values["scripted_pods"]),
+            ),
+        )
+        await emulator.start(str(values["host"]), int(str(values["port"])))
+        try:
+            if values["kubeconfig_out"]:
+                emulator.write_kubeconfig(Path(str(values["kubeconfig_out"])))
+            print(json.dumps({"url": emulator.url, "port": emulator.port}), flush=True)
+            await asyncio.Event().wait()
+        finally:
+            await emulator.stop()
+    except OSError as exc:  # the port is taken, the kubeconfig cannot be written: say so and exit 1
+        raise QuotientError(str(exc)) from exc
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="quotient emulator", description=__doc__.split("\n")[0] if __doc__ else None)
-    config.add_arguments(parser, SETTINGS)
-    try:
-        values = config.resolve(SETTINGS, parser.parse_args(list(argv)))
-    except ConfigError as exc:
-        print(f"quotient emulator: {exc}", file=sys.stderr)
-        return 2
-    logs.setup(level=str(values["log_level"]), fmt=str(values["log_format"]))
-    try:
-        _run(values)
-    except QuotientError as exc:
-        log.error("emulator_failed", error=str(exc))
-        return 1
-    except OSError as exc:
-        log.error("emulator_failed", error=str(exc))
-        return 1
-    return 0
+    return command.run_service(
+        argv,
+        prog="quotient emulator",
+        description=__doc__.split("\n")[0] if __doc__ else "",
+        settings=SETTINGS,
+        prepare=command.values_as_is,
+        serve=_serve,
+    )
 
 
 if __name__ == "__main__":

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from common import clusterspec, quantities
+from common import clusterspec, names, quantities
 from quotient.emulator.objects import Obj
 
-GPU = "nvidia.com/gpu"
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+_KAI_CLASS_DESCRIPTIONS = {
+    "train": "KAI: preemptible training workloads.",
+    "build-preemptible": "KAI: preemptible interactive build workloads.",
+    "build": "KAI: interactive build workloads (non-preemptible).",
+    "inference": "KAI: inference workloads (non-preemptible).",
+}
 # scheduling.k8s.io built-ins, and the classes KAI ships (KAI-COMPAT.md).
 PRIORITY_CLASSES = (
     (
@@ -28,13 +33,8 @@ PRIORITY_CLASSES = (
         2000000000,
         "Used for system critical pods that must run in the cluster, but can be moved to another node if necessary.",
     ),
-    ("train", 50, "KAI: preemptible training workloads."),
-    ("build-preemptible", 75, "KAI: preemptible interactive build workloads."),
-    ("build", 100, "KAI: interactive build workloads (non-preemptible)."),
-    ("inference", 125, "KAI: inference workloads (non-preemptible)."),
+    *((name, value, _KAI_CLASS_DESCRIPTIONS[name]) for name, value in names.KAI_PRIORITY_CLASSES.items()),
 )
-DEFAULT_PARENT_QUEUE = "default-parent-queue"
-DEFAULT_QUEUE = "default-queue"
 KUBELET_VERSION = "v1.32.0"
 
 
@@ -51,7 +51,7 @@ def node_object(node: clusterspec.NodeSpec, index: int) -> Obj:
         "ephemeral-storage": "500Gi",
     }
     if node.gpus:
-        resources[GPU] = str(len(node.gpus))
+        resources[names.GPU_RESOURCE] = str(len(node.gpus))
     host = index + 1
     ip = f"172.{16 + ((host >> 16) & 0x0F)}.{(host >> 8) & 0xFF}.{host & 0xFF}"
     cidr = f"10.{64 + (index >> 8) % 192}.{index & 0xFF}.0/24"
@@ -74,7 +74,7 @@ def node_object(node: clusterspec.NodeSpec, index: int) -> Obj:
         "metadata": {
             "name": node.name,
             "labels": dict(node.labels),
-            "annotations": {"node.alpha.kubernetes.io/ttl": "0", "quotient.dev/emulated": "true"},
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0", names.EMULATED_LABEL: "true"},
         },
         "spec": spec,
         "status": {
@@ -128,16 +128,16 @@ def default_queue_objects() -> list[Obj]:
     """KAI's install defaults: ``default-parent-queue`` and its leaf ``default-queue`` (quota 0, limit -1)."""
     return [
         {
-            "apiVersion": "scheduling.run.ai/v2",
+            "apiVersion": names.QUEUE_API_VERSION,
             "kind": "Queue",
-            "metadata": {"name": DEFAULT_PARENT_QUEUE},
+            "metadata": {"name": names.DEFAULT_PARENT_QUEUE},
             "spec": {"resources": _queue_resources()},
         },
         {
-            "apiVersion": "scheduling.run.ai/v2",
+            "apiVersion": names.QUEUE_API_VERSION,
             "kind": "Queue",
-            "metadata": {"name": DEFAULT_QUEUE},
-            "spec": {"parentQueue": DEFAULT_PARENT_QUEUE, "resources": _queue_resources()},
+            "metadata": {"name": names.DEFAULT_QUEUE},
+            "spec": {"parentQueue": names.DEFAULT_PARENT_QUEUE, "resources": _queue_resources()},
         },
     ]
 
@@ -158,13 +158,13 @@ def pod_object(pod: clusterspec.PodSpec) -> Obj:
         requests["memory"] = quantities.format_bytes_quantity(pod.memory_bytes)
     resources: Obj = {}
     if pod.gpus:
-        requests[GPU] = str(pod.gpus)
-        resources["limits"] = {GPU: str(pod.gpus)}
+        requests[names.GPU_RESOURCE] = str(pod.gpus)
+        resources["limits"] = {names.GPU_RESOURCE: str(pod.gpus)}
     if requests:
         resources["requests"] = requests
     annotations = dict(pod.annotations)
     if pod.duration_ns is not None:
-        annotations["quotient.dev/sim-duration"] = _duration(pod.duration_ns)
+        annotations[names.SIM_DURATION_ANNOTATION] = _duration(pod.duration_ns)
     spec: Obj = {
         "schedulerName": pod.scheduler_name,
         "restartPolicy": "Never" if pod.duration_ns is not None else "Always",

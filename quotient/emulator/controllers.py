@@ -15,7 +15,8 @@ from collections.abc import Awaitable, Callable
 
 from common import logs
 from quotient.emulator import training
-from quotient.emulator.api import Api, DeleteOptions
+from quotient.emulator.api import Api
+from quotient.emulator.deletion import DeleteOptions
 from quotient.emulator.objects import clone, controller_ref, is_deleting, metadata
 from quotient.emulator.store import Change, EventType
 from quotient.emulator.workloads import DEPLOYMENTS, JOBS, REPLICASETS, Workloads
@@ -112,4 +113,4 @@ class Controllers:
         if remaining:
             self._later(("namespace", "", name))
         else:
-            self.api.finish_namespace_deletion(name)
+            self.api.deletion.finish_namespace_deletion(name)

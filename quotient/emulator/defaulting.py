@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from common import quantities
+from common import names, quantities
 from common.errors import QuantityError
 from quotient.emulator import status
 from quotient.emulator.objects import Obj, metadata
 from quotient.emulator.store import Store
 
-DEFAULT_SCHEDULER = "default-scheduler"
 DEFAULT_GRACE_S = 30
 # DefaultTolerationSeconds admission: pods tolerate an unreachable or not-ready node this long.
 DEFAULT_TOLERATION_S = 300
@@ -49,7 +48,7 @@ def container_defaults(container: Obj) -> None:
 def pod_spec_defaults(spec: Obj) -> None:
     spec.setdefault("restartPolicy", "Always")
     spec.setdefault("dnsPolicy", "ClusterFirst")
-    spec.setdefault("schedulerName", DEFAULT_SCHEDULER)
+    spec.setdefault("schedulerName", names.DEFAULT_SCHEDULER)
     spec.setdefault("terminationGracePeriodSeconds", DEFAULT_GRACE_S)
     spec.setdefault("securityContext", {})
     spec.setdefault("enableServiceLinks", True)

@@ -8,6 +8,8 @@ documents derive from the kind registry, so a CRD applied at run time appears at
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from quotient.emulator.kinds import Kind, Registry
 from quotient.emulator.objects import Obj
 
@@ -106,3 +108,21 @@ def api_resource_list(registry: Registry, group: str, version: str) -> Obj | Non
         "groupVersion": f"{group}/{version}" if group else version,
         "resources": resources,
     }
+
+
+def is_document(parts: Sequence[str]) -> bool:
+    """Whether a GET of these path parts asks for discovery (``/api``, ``/apis``, a group, a group-version)."""
+    return parts[:1] in (["api"], ["apis"]) and (len(parts) <= 2 or (len(parts) == 3 and parts[0] == "apis"))
+
+
+def document(registry: Registry, parts: Sequence[str], *, server_address: str) -> Obj | None:
+    """The discovery document at a path ``is_document`` accepts; None when the group or version is not served."""
+    if list(parts) == ["api"]:
+        return api_versions(server_address)
+    if list(parts) == ["apis"]:
+        return api_group_list(registry)
+    if parts[0] == "api":
+        return api_resource_list(registry, "", parts[1])
+    if len(parts) == 2:
+        return api_group(registry, parts[1])
+    return api_resource_list(registry, parts[1], parts[2])

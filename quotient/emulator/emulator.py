@@ -24,8 +24,8 @@ from typing import TypeVar
 
 import yaml
 
-from common import clusterspec, logs
-from quotient.emulator import cluster, defaulting, status
+from common import clusterspec, logs, tasks
+from quotient.emulator import cluster, crds, defaulting, status
 from quotient.emulator.admission import Webhooks
 from quotient.emulator.api import Api
 from quotient.emulator.controllers import Controllers
@@ -79,7 +79,7 @@ class Emulator:
         self.server = Server(
             api=self.api, hub=self.hub, faults=self.faults, hooks=self, config=config.server, clock=clock
         )
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = tasks.TaskSet("emulator")
         self._started = False
 
     # --- Lifecycle ---
@@ -95,22 +95,19 @@ class Emulator:
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
         """Populate the cluster, start the controllers and listen (port 0: a free one)."""
         self._bootstrap()
-        self._spawn(self.controllers.run(), "controllers")
+        self._tasks.spawn(self.controllers.run(), name="controllers")
         await self.server.start(host, port)
         self._started = True
         if self.config.scripted_pods:
             for pod in self.spec.pods:
-                self._spawn(self._arrive(pod), f"pod-{pod.namespace}-{pod.name}")
+                self._tasks.spawn(self._arrive(pod), name=f"pod-{pod.namespace}-{pod.name}")
         log.info("emulator_listening", url=self.url, nodes=len(self.spec.nodes))
 
     async def stop(self) -> None:
         self.kubelets.close()
-        self.reservation_agent.close()
+        await self.reservation_agent.close()
         await self.server.stop()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
+        await self._tasks.cancel()
         await self.webhooks.close()
         self._started = False
 
@@ -122,19 +119,6 @@ class Emulator:
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
         await self.stop()
-
-    def _spawn(self, work: Awaitable[None], name: str) -> None:
-        async def guarded() -> None:
-            try:
-                await work
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("emulator_task_failed", task=name)
-
-        task = asyncio.create_task(guarded(), name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     def _bootstrap(self) -> None:
         for name in (*cluster.SYSTEM_NAMESPACES, *cluster.namespaces_of(self.spec.pods)):
@@ -179,7 +163,7 @@ class Emulator:
         if self.store.get(kind.storage, str(meta.get("namespace") or ""), str(meta.get("name"))) is not None:
             raise ValueError(f"{kind.storage} {meta.get('namespace', '')}/{meta.get('name')} already exists")
         stored = self.store.create(kind.storage, obj)
-        if kind.storage == "customresourcedefinitions.apiextensions.k8s.io":
+        if kind.storage == crds.CRDS:
             self.registry.add_crd(stored)
         return stored
 

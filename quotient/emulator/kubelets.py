@@ -4,9 +4,9 @@ Each Node object gets a kubelet. When a pod is bound to it, after a configurable
 as the real one does: the pod's requests plus those of the pods already running there must fit the node's
 allocatable CPU, memory and pod slots (else the pod fails with ``OutOfcpu``, ``OutOfmemory``, ``OutOfpods``), its
 node selector, required affinity and ``NoExecute`` taints must match (``NodeAffinity``, ``Taint``), and the device
-plugin must find the GPUs it asks for (``nvidia.com/gpu``; else ``UnexpectedAdmissionError``). A scheduler that
-over-commits a node therefore sees failed pods here, as it would in a cluster. The device plugin hands out the
-lowest free device indices and keeps the map, readable through ``devices_of``; containers that got GPUs see
+plugin (``deviceplugin.py``) must find the GPUs it asks for (``nvidia.com/gpu``; else
+``UnexpectedAdmissionError``). A scheduler that over-commits a node therefore sees failed pods here, as it would in
+a cluster. The allocation is readable through ``devices_of``; containers that got GPUs see
 ``NVIDIA_VISIBLE_DEVICES`` with the devices' UUIDs.
 
 An admitted pod becomes Running (conditions, container statuses, pod IP, start time). With the annotation
@@ -18,31 +18,33 @@ missing ConfigMap holds it in ``CreateContainerConfigError`` and is retried, as 
 
 What runs a started pod is a ``ContainerRuntime`` (``runtime.py``): the emulated GPU nodes register one so that a
 pod's processes appear on the devices it got, with its memory script. The admission predicates are in
-``nodefit.py`` and the environment in ``podenv.py``.
+``nodefit.py``, the environment in ``podenv.py`` and the statuses written in ``podstatus.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import time
 from collections.abc import Callable, Mapping
 
-from common import clusterspec, logs, quantities
+from common import logs, names, quantities
 from common.errors import QuantityError
-from quotient.emulator import defaulting, nodefit, podenv
-from quotient.emulator.api import TERMINAL_PHASES, Api
+from quotient.emulator import defaulting, nodefit, podenv, podstatus
+from quotient.emulator.api import Api
+from quotient.emulator.deviceplugin import DevicePlugin
 from quotient.emulator.kinds import Kind
-from quotient.emulator.objects import Obj, annotations_of, is_deleting, metadata, set_condition, status_copy
+from quotient.emulator.objects import (
+    TERMINAL_PHASES,
+    Obj,
+    annotations_of,
+    is_deleting,
+    metadata,
+)
 from quotient.emulator.runtime import ContainerRuntime, PodLaunch
 from quotient.emulator.store import Change, EventType
 
 log = logs.get("emulator.kubelets")
-
-GPU = "nvidia.com/gpu"
-SIM_DURATION_ANNOTATION = "quotient.dev/sim-duration"
-SIM_EXIT_CODE_ANNOTATION = "quotient.dev/sim-exit-code"
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,7 +71,6 @@ class _Node:
     ip: str
     pod_prefix: str
     pods: dict[str, _Admitted] = dataclasses.field(default_factory=dict)
-    devices: dict[int, str] = dataclasses.field(default_factory=dict)  # index -> pod uid
     next_ip: int = 0
 
 
@@ -85,13 +86,15 @@ class Kubelets:
         self.api = api
         self.store = api.store
         self.config = config
-        self._gpu_uuids = dict(gpu_uuids or {})
         self._clock_ns = clock_ns
         self._nodes: dict[str, _Node] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._terminating: set[str] = set()
         self._allocatable_cache: dict[str, tuple[Obj | None, dict[str, int]]] = {}
         self._runtimes: list[tuple[str | None, ContainerRuntime]] = []
+        self.device_plugin = DevicePlugin(
+            gpus_of=lambda node: self._allocatable(node).get(names.GPU_RESOURCE, 0), gpu_uuids=gpu_uuids
+        )
         self.store.subscribe(self._on_change)
 
     @property
@@ -103,9 +106,6 @@ class Kubelets:
     def add_runtime(self, runtime: ContainerRuntime, *, node: str | None = None) -> None:
         """Run pods through ``runtime``, on one node or (``node=None``) on every node."""
         self._runtimes.append((node, runtime))
-
-    def remove_runtime(self, runtime: ContainerRuntime) -> None:
-        self._runtimes = [(node, found) for node, found in self._runtimes if found is not runtime]
 
     def close(self) -> None:
         for handle in self._timers.values():
@@ -122,20 +122,6 @@ class Kubelets:
         node = self._nodes.get(str((pod.get("spec") or {}).get("nodeName") or ""))
         admitted = node.pods.get(str(metadata(pod).get("uid"))) if node is not None else None
         return admitted.devices if admitted is not None else None
-
-    def devices_on(self, node: str) -> dict[int, tuple[str, str]]:
-        """Allocated devices of a node: index -> (namespace, pod name)."""
-        state = self._nodes.get(node)
-        if state is None:
-            return {}
-        return {index: (state.pods[uid].namespace, state.pods[uid].name) for index, uid in state.devices.items()}
-
-    def uuids_of(self, node: str) -> tuple[str, ...]:
-        if node in self._gpu_uuids:
-            return self._gpu_uuids[node]
-        found = self.store.get("nodes", "", node)
-        count = self._allocatable(node).get(GPU, 0) if found is not None else 0
-        return tuple(clusterspec.gpu_uuid(node, index) for index in range(count))
 
     def _allocatable(self, node: str) -> dict[str, int]:
         """The node's allocatable resources as integers, parsed once per version of the Node object."""
@@ -166,6 +152,7 @@ class Kubelets:
     def _on_change(self, change: Change) -> None:
         if change.storage == "nodes" and change.type is EventType.DELETED:
             self._nodes.pop(str(metadata(change.obj).get("name")), None)
+            self.device_plugin.forget(str(metadata(change.obj).get("name")))
             return
         if change.storage != "pods":
             return
@@ -185,7 +172,7 @@ class Kubelets:
             if is_deleting(pod) and uid not in self._terminating:
                 # No kubelet will ever confirm: the pod garbage collector removes it.
                 self._terminating.add(uid)
-                self._schedule(uid, 0.0, lambda: self.api.finish_pod_deletion(pod))
+                self._schedule(uid, 0.0, lambda: self.api.deletion.finish_pod_deletion(pod))
             return
         if is_deleting(pod):
             if uid not in self._terminating:
@@ -239,17 +226,6 @@ class Kubelets:
         node_obj = self.store.get("nodes", "", node.name)
         return nodefit.rejection(pod, node_obj, requests, used=used, allocatable=self._allocatable(node.name))
 
-    def _allocate(self, node: _Node, uid: str, count: int) -> tuple[int, ...] | None:
-        if count == 0:
-            return ()
-        total = self._allocatable(node.name).get(GPU, 0)
-        free = [index for index in range(total) if index not in node.devices][:count]
-        if len(free) < count:
-            return None
-        for index in free:
-            node.devices[index] = uid
-        return tuple(free)
-
     def _start(self, node_name: str, uid: str) -> None:
         node = self._nodes.get(node_name)
         pod = self._current(node_name, uid)
@@ -261,18 +237,12 @@ class Kubelets:
         rejected = self._admission_failure(node, pod, requests)
         devices: tuple[int, ...] | None = ()
         if rejected is None:
-            devices = self._allocate(node, uid, requests.get(GPU, 0))
+            devices = self.device_plugin.allocate(node_name, uid, requests.get(names.GPU_RESOURCE, 0))
             if devices is None:
-                free = sum(1 for index in range(self._allocatable(node_name).get(GPU, 0)) if index not in node.devices)
-                rejected = (
-                    "UnexpectedAdmissionError",
-                    f"Allocate failed due to requested number of devices unavailable for {GPU}. Requested: "
-                    f"{requests.get(GPU, 0)}, Available: {free}, which is unexpected",
-                )
+                rejected = self.device_plugin.shortage(node_name, requests.get(names.GPU_RESOURCE, 0))
         if rejected is not None or devices is None:
             reason, message = rejected or ("UnexpectedAdmissionError", "")
-            new_status = status_copy(pod)
-            new_status.update(phase="Failed", reason=reason, message=message, startTime=self.api.now())
+            new_status = podstatus.rejected(pod, reason=reason, message=message, now=self.api.now())
             log.info("pod_rejected", node=node_name, pod=metadata(pod).get("name"), reason=reason)
             self.api.write_status(self._pods, _ns(pod), _name(pod), new_status, uid=uid)
             return
@@ -284,7 +254,7 @@ class Kubelets:
         """A pod that arrived already Running (seeded): account for it without starting it anew."""
         uid = str(metadata(pod).get("uid"))
         requests = defaulting.pod_requests(pod)
-        devices = self._allocate(node, uid, requests.get(GPU, 0)) or ()
+        devices = self.device_plugin.allocate(node.name, uid, requests.get(names.GPU_RESOURCE, 0)) or ()
         admitted = _Admitted(namespace=_ns(pod), name=_name(pod), uid=uid, requests=requests, devices=devices)
         node.pods[uid] = admitted
         self._launch(node, admitted, pod)
@@ -298,32 +268,14 @@ class Kubelets:
             self._hold(admitted, pod, env)
             self._schedule(admitted.uid, self.config.config_retry_s, lambda: self._retry(node.name, admitted.uid))
             return
-        ip = self._pod_ip(node, pod)
-        now = self.api.now()
-        new_status = status_copy(pod)
-        new_status.pop("reason", None)
-        new_status.pop("message", None)
-        new_status.update(phase="Running", hostIP=node.ip, hostIPs=[{"ip": node.ip}], podIP=ip, podIPs=[{"ip": ip}])
-        new_status.setdefault("startTime", now)
-        for kind in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled"):
-            set_condition(
-                new_status, {"type": kind, "status": "True", "lastProbeTime": None, "lastTransitionTime": now}
-            )
-        new_status["containerStatuses"] = [
-            {
-                "name": container.get("name", ""),
-                "state": {"running": {"startedAt": now}},
-                "lastState": _last_state(pod, str(container.get("name", ""))),
-                "ready": True,
-                "restartCount": admitted.restarts,
-                "image": container.get("image", ""),
-                "imageID": f"{container.get('image', '')}@sha256:{_digest(str(container.get('image', '')))}",
-                "containerID": f"containerd://{_digest(admitted.uid + str(container.get('name')) + now)}",
-                "started": True,
-            }
-            for container in (pod.get("spec") or {}).get("containers") or []
-            if isinstance(container, dict)
-        ]
+        new_status = podstatus.running(
+            pod,
+            uid=admitted.uid,
+            host_ip=node.ip,
+            pod_ip=self._pod_ip(node, pod),
+            restarts=admitted.restarts,
+            now=self.api.now(),
+        )
         written = self.api.write_status(self._pods, admitted.namespace, admitted.name, new_status, uid=admitted.uid)
         if written is None:
             return
@@ -339,27 +291,12 @@ class Kubelets:
             self._run(node, admitted, pod)
 
     def _hold(self, admitted: _Admitted, pod: Obj, message: str) -> None:
-        new_status = status_copy(pod)
-        new_status["containerStatuses"] = [
-            {
-                "name": container.get("name", ""),
-                "state": {"waiting": {"reason": "CreateContainerConfigError", "message": message}},
-                "lastState": {},
-                "ready": False,
-                "restartCount": 0,
-                "image": container.get("image", ""),
-                "imageID": "",
-                "started": False,
-            }
-            for container in (pod.get("spec") or {}).get("containers") or []
-            if isinstance(container, dict)
-        ]
+        new_status = podstatus.waiting_for_config(pod, message)
         self.api.write_status(self._pods, admitted.namespace, admitted.name, new_status, uid=admitted.uid)
 
     def _launch(
         self, node: _Node, admitted: _Admitted, pod: Obj, env: Mapping[str, Mapping[str, str]] | None = None
     ) -> None:
-        uuids = self.uuids_of(node.name)
         resolved = env if env is not None else self._resolve_env(node, admitted, pod)
         launch = PodLaunch(
             node=node.name,
@@ -367,33 +304,35 @@ class Kubelets:
             name=admitted.name,
             uid=admitted.uid,
             gpu_indices=admitted.devices,
-            gpu_uuids=tuple(uuids[index] for index in admitted.devices if index < len(uuids)),
+            gpu_uuids=self.device_plugin.uuids_for(node.name, admitted.devices),
             env=resolved if not isinstance(resolved, str) else {},
             labels=dict(metadata(pod).get("labels") or {}),
             annotations=dict(annotations_of(pod)),
             started_ns=self._clock_ns(),
         )
         admitted.launch = launch
-        for target, runtime in list(self._runtimes):
-            if target is None or target == node.name:
-                try:
-                    runtime.start_pod(launch)
-                except Exception:
-                    log.exception("runtime_start_failed", node=node.name, pod=admitted.name)
+        self._tell_runtimes(launch, start=True)
 
     def _stop_runtime(self, admitted: _Admitted) -> None:
         launch, admitted.launch = admitted.launch, None
-        if launch is None:
-            return
+        if launch is not None:
+            self._tell_runtimes(launch, start=False)
+
+    def _tell_runtimes(self, launch: PodLaunch, *, start: bool) -> None:
+        """Start or stop ``launch`` in every runtime of its node; a runtime's failure is logged, not raised."""
         for target, runtime in list(self._runtimes):
             if target is None or target == launch.node:
                 try:
-                    runtime.stop_pod(launch)
+                    if start:
+                        runtime.start_pod(launch)
+                    else:
+                        runtime.stop_pod(launch)
                 except Exception:
-                    log.exception("runtime_stop_failed", node=launch.node, pod=launch.name)
+                    event = "runtime_start_failed" if start else "runtime_stop_failed"
+                    log.exception(event, node=launch.node, pod=launch.name)
 
     def _schedule_exit(self, node: _Node, admitted: _Admitted, pod: Obj) -> None:
-        text = annotations_of(pod).get(SIM_DURATION_ANNOTATION)
+        text = annotations_of(pod).get(names.SIM_DURATION_ANNOTATION)
         if not text:
             return
         try:
@@ -411,7 +350,7 @@ class Kubelets:
         if node is None or admitted is None or pod is None or is_deleting(pod):
             return
         try:
-            code = int(annotations_of(pod).get(SIM_EXIT_CODE_ANNOTATION, "0"))
+            code = int(annotations_of(pod).get(names.SIM_EXIT_CODE_ANNOTATION, "0"))
         except ValueError:
             code = 1
         policy = (pod.get("spec") or {}).get("restartPolicy", "Always")
@@ -420,55 +359,21 @@ class Kubelets:
             admitted.restarts += 1
             self._run(node, admitted, pod)
             return
-        now = self.api.now()
-        phase = "Succeeded" if code == 0 else "Failed"
-        reason = "Completed" if code == 0 else "Error"
-        new_status = status_copy(pod)
-        new_status["containerStatuses"] = [dict(found) for found in new_status.get("containerStatuses") or []]
-        new_status["phase"] = phase
-        for kind in ("Ready", "ContainersReady"):
-            set_condition(
-                new_status,
-                {
-                    "type": kind,
-                    "status": "False",
-                    "reason": "PodCompleted",
-                    "lastProbeTime": None,
-                    "lastTransitionTime": now,
-                },
-            )
-        set_condition(
-            new_status,
-            {"type": "PodReadyToStartContainers", "status": "False", "lastProbeTime": None, "lastTransitionTime": now},
-        )
-        for container in new_status.get("containerStatuses") or []:
-            started = ((container.get("state") or {}).get("running") or {}).get("startedAt", now)
-            container["state"] = {
-                "terminated": {
-                    "exitCode": code,
-                    "reason": reason,
-                    "startedAt": started,
-                    "finishedAt": now,
-                    "containerID": container.get("containerID", ""),
-                }
-            }
-            container["ready"], container["started"] = False, False
+        new_status = podstatus.terminated(pod, code=code, now=self.api.now())
         self._release(node_name, uid, stop=False)
         self.api.write_status(self._pods, admitted.namespace, admitted.name, new_status, uid=uid)
 
     def _terminate(self, node_name: str, pod: Obj) -> None:
         uid = str(metadata(pod).get("uid"))
         self._release(node_name, uid, stop=True)
-        self.api.finish_pod_deletion(pod)
+        self.api.deletion.finish_pod_deletion(pod)
 
     def _release(self, node_name: str, uid: str, *, stop: bool) -> None:
         node = self._nodes.get(node_name)
         admitted = node.pods.pop(uid, None) if node is not None else None
         if node is None or admitted is None:
             return
-        for index in admitted.devices:
-            if node.devices.get(index) == uid:
-                del node.devices[index]
+        self.device_plugin.release(node_name, uid, admitted.devices)
         if stop:
             self._stop_runtime(admitted)
 
@@ -478,41 +383,14 @@ class Kubelets:
         node.next_ip += 1
         return f"{node.pod_prefix}.{(node.next_ip - 1) % 253 + 2}"
 
-    # --- Environment ---
-
     def _resolve_env(self, node: _Node, admitted: _Admitted, pod: Obj) -> dict[str, dict[str, str]] | str:
-        """Each container's environment, or the message of why it cannot be built yet."""
-        uuids = self.uuids_of(node.name)
-        result: dict[str, dict[str, str]] = {}
-        spare = list(admitted.devices)
-        for container in (pod.get("spec") or {}).get("containers") or []:
-            if not isinstance(container, dict):
-                continue
-            env = podenv.container_env(container, pod, self.store.get, node.ip)
-            if isinstance(env, str):
-                return env
-            wanted = podenv.container_gpus(container)
-            if wanted:
-                mine, spare = spare[:wanted], spare[wanted:]
-                env.setdefault("NVIDIA_VISIBLE_DEVICES", ",".join(uuids[i] for i in mine if i < len(uuids)))
-            result[str(container.get("name", ""))] = env
-        return result
-
-
-def _last_state(pod: Obj, container: str) -> Obj:
-    for found in (pod.get("status") or {}).get("containerStatuses") or []:
-        if isinstance(found, dict) and found.get("name") == container:
-            terminated = (found.get("state") or {}).get("terminated")
-            running = (found.get("state") or {}).get("running")
-            if terminated:
-                return {"terminated": terminated}
-            if running:
-                return {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": running.get("startedAt")}}
-    return {}
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
+        return podenv.pod_env(
+            pod,
+            get=self.store.get,
+            host_ip=node.ip,
+            devices=admitted.devices,
+            device_uuids=self.device_plugin.uuids_of(node.name),
+        )
 
 
 def _ns(pod: Obj) -> str:

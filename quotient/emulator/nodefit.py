@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from common import names
 from common.errors import QuantityError
 from quotient.emulator import defaulting, selectors
 from quotient.emulator.objects import Obj
 
-GPU = "nvidia.com/gpu"
 # The order in which the kubelet's resource fit reports shortages (noderesources.Fit).
 _ADMISSION_ORDER = ("pods", "cpu", "memory", "ephemeral-storage")
 
@@ -39,10 +39,10 @@ def rejection(
             f"Pod was rejected: Predicate TaintToleration failed: node(s) had untolerated taint {{{taint}}}",
         )
     wanted = {**requests, "pods": 1}
-    names = [name for name in _ADMISSION_ORDER if name in wanted] + sorted(
-        name for name in wanted if name not in _ADMISSION_ORDER and name != GPU
+    order = [name for name in _ADMISSION_ORDER if name in wanted] + sorted(
+        name for name in wanted if name not in _ADMISSION_ORDER and name != names.GPU_RESOURCE
     )
-    for name in names:
+    for name in order:
         amount = wanted[name]
         if amount == 0:
             continue

@@ -16,6 +16,8 @@ from typing import Any
 
 Obj = dict[str, Any]
 """A decoded Kubernetes object (or any JSON object inside one)."""
+TERMINAL_PHASES = ("Succeeded", "Failed")
+"""Pod phases that never change again."""
 
 
 def clone(value: Any) -> Any:

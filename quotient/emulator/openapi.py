@@ -71,3 +71,15 @@ def index(registry: Registry) -> Obj:
             prefix = _prefix(group.name, version)
             paths[prefix] = {"serverRelativeURL": f"/openapi/v3/{prefix}?hash={digest}"}
     return {"paths": paths}
+
+
+def at(registry: Registry, rest: str) -> Obj | None:
+    """The document at ``/openapi/v3/<rest>``: the index, or one group-version's; None when there is none."""
+    parts = [part for part in rest.split("/") if part]
+    if not parts:
+        return index(registry)
+    if len(parts) == 2 and parts[0] == "api":
+        return document(registry, "", parts[1])
+    if len(parts) == 3 and parts[0] == "apis":
+        return document(registry, parts[1], parts[2])
+    return None

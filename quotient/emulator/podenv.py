@@ -12,13 +12,38 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
-from common import quantities
+from common import names, quantities
 from common.errors import QuantityError
 from quotient.emulator.objects import Obj, metadata
 
-GPU = "nvidia.com/gpu"
+
+def pod_env(
+    pod: Obj,
+    *,
+    get: Callable[[str, str, str], Obj | None],
+    host_ip: str,
+    devices: Sequence[int],
+    device_uuids: Sequence[str],
+) -> dict[str, dict[str, str]] | str:
+    """Each container's environment, or the message of why it cannot be built yet. The containers that asked for
+    GPUs take theirs from ``devices`` (the device plugin's allocation, indices into ``device_uuids``) in order."""
+    result: dict[str, dict[str, str]] = {}
+    spare = list(devices)
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        if not isinstance(container, dict):
+            continue
+        env = container_env(container, pod, get, host_ip)
+        if isinstance(env, str):
+            return env
+        wanted = container_gpus(container)
+        if wanted:
+            mine, spare = spare[:wanted], spare[wanted:]
+            visible = ",".join(device_uuids[index] for index in mine if index < len(device_uuids))
+            env.setdefault(names.VISIBLE_DEVICES_ENV, visible)
+        result[str(container.get("name", ""))] = env
+    return result
 
 
 def container_env(
@@ -110,7 +135,9 @@ def _downward(pod: Obj, path: str, host_ip: str) -> str:
 
 def container_gpus(container: Obj) -> int:
     resources = container.get("resources") or {}
-    value = (resources.get("limits") or {}).get(GPU, (resources.get("requests") or {}).get(GPU))
+    value = (resources.get("limits") or {}).get(
+        names.GPU_RESOURCE, (resources.get("requests") or {}).get(names.GPU_RESOURCE)
+    )
     if value is None:
         return 0
     try:

@@ -10,17 +10,14 @@ broken there), and ``delay_s`` delays it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
-from common import logs
+from common import logs, names, tasks
+from quotient.emulator import patches
 from quotient.emulator.api import Api
 from quotient.emulator.runtime import PodLaunch
 from quotient.emulator.status import Failure
-from scheduler.kube import reservations
 
 log = logs.get("emulator.reservations")
-
-MERGE_PATCH = "application/merge-patch+json"
 
 
 class ReservationAgent:
@@ -32,17 +29,15 @@ class ReservationAgent:
         self.broken_nodes: set[str] = set()
         self.delay_s = delay_s
         self.reported = 0
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._reports = tasks.TaskSet("emulator.reservations")
 
     def start_pod(self, launch: PodLaunch) -> None:
-        if not launch.labels.get(reservations.GROUP_LABEL) or not self.enabled or launch.node in self.broken_nodes:
+        if not launch.labels.get(names.RESERVATION_GROUP_LABEL) or not self.enabled or launch.node in self.broken_nodes:
             return
         if not launch.gpu_uuids:
             log.warning("reservation_without_gpu", pod=f"{launch.namespace}/{launch.name}")
             return
-        task = asyncio.get_running_loop().create_task(self._report(launch))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._reports.spawn(self._report(launch), name=f"report-{launch.namespace}-{launch.name}")
 
     def stop_pod(self, launch: PodLaunch) -> None:
         return None
@@ -57,18 +52,17 @@ class ReservationAgent:
         body = {
             "metadata": {
                 "annotations": {
-                    reservations.UUID_ANNOTATION: launch.gpu_uuids[0],
-                    reservations.INDEX_ANNOTATION: str(launch.gpu_indices[0]),
+                    names.RESERVATION_UUID_ANNOTATION: launch.gpu_uuids[0],
+                    names.RESERVATION_INDEX_ANNOTATION: str(launch.gpu_indices[0]),
                 }
             }
         }
-        result = await self.api.patch(kind, launch.namespace, launch.name, MERGE_PATCH, body)
+        result = await self.api.patch(kind, launch.namespace, launch.name, patches.MERGE_PATCH, body)
         if isinstance(result, Failure):
             log.warning("reservation_report_failed", pod=f"{launch.namespace}/{launch.name}", error=result.message)
             return
         self.reported += 1
 
-    def close(self) -> None:
-        for task in list(self._tasks):
-            with contextlib.suppress(RuntimeError):
-                task.cancel()
+    async def close(self) -> None:
+        """Cancel the reports still under way (the emulator is stopping)."""
+        await self._reports.cancel()

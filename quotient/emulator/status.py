@@ -78,37 +78,24 @@ def _qualified(resource: str, group: str) -> str:
     return f"{resource}.{group}" if group else resource
 
 
+def _about(code: int, reason: str, message: str, *, resource: str, name: str, group: str) -> Failure:
+    """A failure about one object: its name, group and resource go into the Status's ``details``."""
+    return Failure(code=code, reason=reason, message=message, name=name, group=group, kind=resource)
+
+
 def not_found(resource: str, name: str, *, group: str = "") -> Failure:
-    return Failure(
-        code=404,
-        reason="NotFound",
-        message=f'{_qualified(resource, group)} "{name}" not found',
-        name=name,
-        group=group,
-        kind=resource,
-    )
+    message = f'{_qualified(resource, group)} "{name}" not found'
+    return _about(404, "NotFound", message, resource=resource, name=name, group=group)
 
 
 def already_exists(resource: str, name: str, *, group: str = "") -> Failure:
-    return Failure(
-        code=409,
-        reason="AlreadyExists",
-        message=f'{_qualified(resource, group)} "{name}" already exists',
-        name=name,
-        group=group,
-        kind=resource,
-    )
+    message = f'{_qualified(resource, group)} "{name}" already exists'
+    return _about(409, "AlreadyExists", message, resource=resource, name=name, group=group)
 
 
 def conflict(resource: str, name: str, detail: str, *, group: str = "") -> Failure:
-    return Failure(
-        code=409,
-        reason="Conflict",
-        message=f'Operation cannot be fulfilled on {_qualified(resource, group)} "{name}": {detail}',
-        name=name,
-        group=group,
-        kind=resource,
-    )
+    message = f'Operation cannot be fulfilled on {_qualified(resource, group)} "{name}": {detail}'
+    return _about(409, "Conflict", message, resource=resource, name=name, group=group)
 
 
 STALE = "the object has been modified; please apply your changes to the latest version and try again"
@@ -162,14 +149,7 @@ def bad_request(message: str) -> Failure:
 
 def forbidden(resource: str, name: str, detail: str, *, group: str = "") -> Failure:
     target = f'{_qualified(resource, group)} "{name}"' if name else _qualified(resource, group)
-    return Failure(
-        code=403,
-        reason="Forbidden",
-        message=f"{target} is forbidden: {detail}",
-        name=name,
-        group=group,
-        kind=resource,
-    )
+    return _about(403, "Forbidden", f"{target} is forbidden: {detail}", resource=resource, name=name, group=group)
 
 
 def method_not_allowed(message: str) -> Failure:

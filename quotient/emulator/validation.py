@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from common.errors import QuantityError
-from quotient.emulator import defaulting, selectors
+from quotient.emulator import crds, defaulting, selectors
 from quotient.emulator.objects import Obj, clone, metadata
 from quotient.emulator.status import (
     Cause,
@@ -294,7 +294,7 @@ def check_create(storage: str, obj: Obj) -> list[Cause]:
         return _check_template(obj)
     if storage == "jobs.batch":
         return _check_template(obj, restart_policies=_JOB_RESTART_POLICIES)
-    if storage == "customresourcedefinitions.apiextensions.k8s.io":
+    if storage == crds.CRDS:
         return check_crd(obj)
     return []
 

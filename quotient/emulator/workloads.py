@@ -11,15 +11,13 @@ zero". Each reconciler reads the current state and converges; ``controllers.py``
 
 from __future__ import annotations
 
-import hashlib
-import json
-from typing import Any
-
 from common import logs
-from quotient.emulator import status
-from quotient.emulator.api import NAME_ALPHABET, TERMINAL_PHASES, Api, DeleteOptions
+from quotient.emulator import naming, status
+from quotient.emulator.api import Api
+from quotient.emulator.deletion import DeleteOptions
 from quotient.emulator.kinds import Kind
 from quotient.emulator.objects import (
+    TERMINAL_PHASES,
     Obj,
     clone,
     condition,
@@ -36,12 +34,6 @@ log = logs.get("emulator.workloads")
 DEPLOYMENTS = "deployments.apps"
 REPLICASETS = "replicasets.apps"
 JOBS = "jobs.batch"
-
-
-def template_hash(template: Any) -> str:
-    """A stable ``pod-template-hash`` for a pod template (10 characters of the safe alphabet)."""
-    digest = hashlib.sha256(json.dumps(template, sort_keys=True, separators=(",", ":")).encode()).digest()
-    return "".join(NAME_ALPHABET[byte % len(NAME_ALPHABET)] for byte in digest[:10])
 
 
 def is_active(pod: Obj) -> bool:
@@ -121,7 +113,7 @@ class Workloads:
         spec = deployment.get("spec") or {}
         template = spec.get("template") or {}
         replicas = int(spec.get("replicas", 1))
-        pod_hash = template_hash(template)
+        pod_hash = naming.template_hash(template)
         owned = self.owned(deployment, REPLICASETS)
         current = next((rs for rs in owned if labels_of(rs).get("pod-template-hash") == pod_hash), None)
         if current is None:
@@ -277,36 +269,26 @@ class Workloads:
             for pod in active:
                 await self.delete_pod(pod, grace_s=0)
         elif len(failed) > int(spec.get("backoffLimit", 6)):
-            for cond_type in ("FailureTarget", "Failed"):
-                set_condition(
-                    new_status,
-                    {
-                        "type": cond_type,
-                        "status": "True",
-                        "reason": "BackoffLimitExceeded",
-                        "message": "Job has reached the specified backoff limit",
-                        "lastProbeTime": now,
-                        "lastTransitionTime": now,
-                    },
-                )
+            _job_finished(
+                new_status,
+                ("FailureTarget", "Failed"),
+                reason="BackoffLimitExceeded",
+                message="Job has reached the specified backoff limit",
+                now=now,
+            )
             for pod in active:
                 await self.delete_pod(pod, grace_s=0)
             active = []
         elif (completions is not None and (len(done_indexes) if indexed else len(succeeded)) >= int(completions)) or (
             completions is None and succeeded and not active
         ):
-            for cond_type in ("SuccessCriteriaMet", "Complete"):
-                set_condition(
-                    new_status,
-                    {
-                        "type": cond_type,
-                        "status": "True",
-                        "reason": "CompletionsReached",
-                        "message": "Reached expected number of succeeded pods",
-                        "lastProbeTime": now,
-                        "lastTransitionTime": now,
-                    },
-                )
+            _job_finished(
+                new_status,
+                ("SuccessCriteriaMet", "Complete"),
+                reason="CompletionsReached",
+                message="Reached expected number of succeeded pods",
+                now=now,
+            )
             new_status["completionTime"] = now
         elif spec.get("suspend"):
             for pod in active:
@@ -347,6 +329,22 @@ class Workloads:
             if not new_status[field] and field not in (current.get("status") or {}):
                 del new_status[field]
         self.write_status(JOBS, current, new_status)
+
+
+def _job_finished(new_status: Obj, kinds: tuple[str, str], *, reason: str, message: str, now: str) -> None:
+    """The two conditions a Job controller sets when it ends a Job: the target, then the final one."""
+    for kind in kinds:
+        set_condition(
+            new_status,
+            {
+                "type": kind,
+                "status": "True",
+                "reason": reason,
+                "message": message,
+                "lastProbeTime": now,
+                "lastTransitionTime": now,
+            },
+        )
 
 
 def _completion_index(pod: Obj) -> int | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,10 +24,10 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
-def run_python(code: str) -> subprocess.CompletedProcess[str]:
-    """``code`` in a fresh interpreter of the same virtual environment, from the repository root."""
+def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """``argv`` after the interpreter, in a fresh one of the same virtual environment, from the repository root."""
     return subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, *argv],
         cwd=REPO,
         env={key: value for key, value in os.environ.items() if not key.startswith("QUOTIENT_")},
         capture_output=True,
@@ -34,6 +35,11 @@ def run_python(code: str) -> subprocess.CompletedProcess[str]:
         timeout=60,
         check=False,
     )
+
+
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    """``code`` in a fresh interpreter of the same virtual environment, from the repository root."""
+    return run(["-c", code])
 
 
 # --- usage and dispatch ---
@@ -156,3 +162,43 @@ print(json.dumps({"code": code, "kubernetes": loaded}))
     assert report == {"code": 0, "kubernetes": []}
     assert "--node" in result.stdout
     assert "--dcgm-names" in result.stdout
+
+
+# --- quotient emulator, nodes and reserve: the long-running commands' one preamble ---
+
+
+def test_quotient_reserve_without_its_pod_exits_2_naming_what_is_missing(
+    clean_env: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["reserve", "--pod-name", "r"]) == 2
+    assert capsys.readouterr().err == (
+        "quotient reserve: --pod-name and --pod-namespace (or QUOTIENT_POD_NAME, QUOTIENT_POD_NAMESPACE) are needed\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["emulator", "--bookmark-interval", "soon"],
+            "quotient emulator: --bookmark-interval: 'soon' is not a duration",
+        ),
+        (["nodes", "--interval", "1x"], "quotient nodes: --interval: '1x' is not a duration"),
+    ],
+)
+def test_a_bad_flag_of_the_emulator_or_the_nodes_exits_2_naming_it(
+    argv: list[str], message: str, clean_env: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.startswith(message)
+
+
+def test_the_emulator_exits_1_saying_why_when_its_port_is_taken() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run(["-m", "quotient.cli", "emulator", "--port", str(port), "--nodes", "1x1xL4"])
+    assert result.returncode == 1, result.stderr
+    assert "event=emulator_failed" in result.stderr and "address already in use" in result.stderr
+    assert result.stdout == ""

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,18 +31,6 @@ FAST = EmulatorConfig(
 
 def cluster(spec: str = SPEC) -> clusterspec.ClusterSpec:
     return clusterspec.resolve(spec)
-
-
-def wait_for(predicate: Callable[[], object], *, timeout_s: float = 10.0, what: str = "the condition") -> object:
-    """Poll until ``predicate`` returns something truthy (integration tests wait on real processes)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture

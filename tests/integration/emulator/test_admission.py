@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import ssl
@@ -16,11 +15,12 @@ import pytest
 from aiohttp import web
 
 from quotient.emulator import status
-from quotient.emulator.api import DeleteOptions
+from quotient.emulator.deletion import DeleteOptions
 from quotient.emulator.emulator import Emulator
 from quotient.emulator.objects import Obj
 from tests.conftest import require_tool
 from tests.integration.emulator.conftest import FAST, cluster, pod_manifest
+from tests.polling import until
 
 SERVICE = "webhook.quotient-system.svc"
 
@@ -217,12 +217,8 @@ async def test_controllers_pods_pass_the_webhook_without_a_name(
             },
         }
     )
-    for _ in range(200):
-        pods = emulator.list("v1", "Pod", "default")
-        if pods:
-            break
-        await asyncio.sleep(0.01)
-    assert pods and pods[0]["metadata"]["labels"]["mutated"] == "yes"
+    pods = await until(lambda: emulator.list("v1", "Pod", "default"), what="the ReplicaSet's pod")
+    assert pods[0]["metadata"]["labels"]["mutated"] == "yes"
     assert "name" not in webhook.requests[-1] and webhook.requests[-1]["object"]["metadata"]["generateName"] == "rs-"
 
 

@@ -13,6 +13,7 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from quotient.emulator.emulator import Emulator
 from tests.integration.emulator.conftest import FAST, cluster, pod_manifest
+from tests.polling import until
 
 
 @pytest.fixture
@@ -132,10 +133,7 @@ async def test_hundreds_of_watchers_each_receive_every_event_in_order(
 
         watchers = [asyncio.create_task(watch_three()) for _ in range(300)]
 
-        for _ in range(2000):
-            if emulator.hub.count() >= 300:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: emulator.hub.count() >= 300, timeout_s=20, what="300 watches open")
         assert emulator.hub.count() == 300
         for name in ("a", "b", "c"):
             await core.create_namespaced_pod("default", pod_manifest(name))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from quotient.emulator import patches, protobuf, selectors, status, tables
+from quotient.emulator import patches, printers, protobuf, selectors, status
 from quotient.emulator.faults import Fault, Faults
 from quotient.emulator.kinds import default_registry
 from quotient.emulator.store import EventType, Store
@@ -134,7 +134,7 @@ def test_field_selectors_support_inequality_and_missing_fields() -> None:
     ],
 )
 def test_ages_print_as_kubectl_prints_them(seconds: int, shown: str) -> None:
-    assert tables.human_duration(seconds) == shown
+    assert printers.human_duration(seconds) == shown
 
 
 def test_faults_last_for_a_count_or_a_duration_and_add_up() -> None:

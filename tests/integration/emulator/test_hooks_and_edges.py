@@ -15,6 +15,7 @@ from quotient.emulator import status
 from quotient.emulator.emulator import Emulator
 from quotient.emulator.faults import Fault
 from tests.integration.emulator.conftest import FAST, cluster, pod_manifest
+from tests.polling import until
 
 
 @pytest.fixture
@@ -35,12 +36,11 @@ async def _create(emulator: Emulator, manifest: dict[str, Any]) -> None:
 
 
 async def _phase(emulator: Emulator, name: str, wanted: str) -> dict[str, Any]:
-    for _ in range(500):
+    def reached() -> dict[str, Any] | None:
         pod = emulator.get("v1", "Pod", name, "default")
-        if pod is not None and pod["status"].get("phase") == wanted:
-            return pod
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{name} never reached {wanted}")
+        return pod if pod is not None and pod["status"].get("phase") == wanted else None
+
+    return await until(reached, what=f"{name} to reach {wanted}")
 
 
 async def test_the_bindings_collection_binds_the_pod_named_in_the_body(
@@ -142,17 +142,13 @@ async def test_a_dry_run_validates_but_stores_nothing(emulator: Emulator, sessio
 async def test_a_container_that_exits_under_restart_policy_always_is_restarted(emulator: Emulator) -> None:
     await _create(emulator, pod_manifest("looping", annotations={"quotient.dev/sim-duration": "100ms"}))
     emulator.api.bind("default", "looping", {"target": {"name": "node-0"}})
-    for _ in range(500):
+
+    def restarted_twice() -> dict[str, Any] | None:
         pod = emulator.get("v1", "Pod", "looping", "default")
-        if (
-            pod
-            and pod["status"].get("containerStatuses")
-            and pod["status"]["containerStatuses"][0]["restartCount"] >= 2
-        ):
-            break
-        await asyncio.sleep(0.01)
-    else:
-        raise AssertionError("the container was not restarted")
+        statuses = (pod or {}).get("status", {}).get("containerStatuses")
+        return pod if statuses and statuses[0]["restartCount"] >= 2 else None
+
+    pod = await until(restarted_twice, what="the container to be restarted twice")
     assert pod["status"]["phase"] == "Running"
     assert pod["status"]["containerStatuses"][0]["lastState"]["terminated"]["reason"] == "Completed"
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 import shutil
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,8 @@ import yaml
 from quotient.emulator import status
 from quotient.emulator.emulator import EmulatorThread
 from tests.conftest import shared_path
-from tests.integration.emulator.conftest import Kubectl, pod_manifest, wait_for
+from tests.integration.emulator.conftest import Kubectl, pod_manifest
+from tests.polling import until_sync
 
 APPLIED_LABEL = "quotient.dev/applied"
 
@@ -32,7 +32,7 @@ def _bind_and_wait(emulator: EmulatorThread, name: str, node: str, namespace: st
         pod = emulator.call(lambda: emulator.emulator.get("v1", "Pod", name, namespace))
         return pod is not None and pod["status"].get("phase") == "Running"
 
-    wait_for(running, what=f"{name} to run")
+    until_sync(running, what=f"{name} to run")
 
 
 def test_get_pods_prints_ready_status_restarts_and_age(emulator: EmulatorThread, kubectl: Kubectl) -> None:
@@ -127,7 +127,7 @@ def test_every_seed_manifest_creates_deletes_and_applies_twice(
     for namespace, group in groups.items():
         deleted = kubectl("delete", "--wait=true", *_files(group, namespace)).stdout.splitlines()
         assert all(line.endswith(" deleted") for line in deleted), deleted
-    wait_for(lambda: not kubectl("get", "pods", "-A", "-o", "name").stdout.strip(), what="the seeds' pods to go")
+    until_sync(lambda: not kubectl("get", "pods", "-A", "-o", "name").stdout.strip(), what="the seeds' pods to go")
     applied = [
         line for ns, group in groups.items() for line in kubectl("apply", *_files(group, ns)).stdout.splitlines()
     ]
@@ -182,7 +182,7 @@ def test_the_seeds_inspection_commands_work(emulator: EmulatorThread, kubectl: K
         out = kubectl("-n", "ai-workloads", "get", "pods", "-o", f"custom-columns={columns}").stdout
         return [line.split() for line in out.splitlines()]
 
-    rows = wait_for(lambda: len(listed()) == 3 and listed(), what="the vLLM deployments' pods")
+    rows = until_sync(lambda: len(listed()) == 3 and listed(), what="the vLLM deployments' pods")
     assert isinstance(rows, list)
     assert rows[0] == ["NAME", "STATUS", "NODE", "GPU-FRACTION", "GPU-GROUP"]
     fractions = {row[0].rsplit("-", 2)[0]: row[1:] for row in rows[1:]}
@@ -220,11 +220,11 @@ def test_get_pods_watch_prints_changes_as_they_happen(emulator: EmulatorThread, 
         lines: list[str] = []
         reader = threading.Thread(target=lambda: lines.extend(iter(process.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
         reader.start()
-        wait_for(lambda: emulator.call(emulator.emulator.hub.count) >= 1, what="kubectl to watch")
+        until_sync(lambda: emulator.call(emulator.emulator.hub.count) >= 1, what="kubectl to watch")
         _create(emulator, pod_manifest("watched"))
-        time.sleep(0.2)
+        until_sync(lambda: any(line.startswith("watched") for line in lines), what="kubectl to print the new pod")
         _bind_and_wait(emulator, "watched", "node-0")
-        wait_for(lambda: any("Running" in line for line in lines), what="kubectl to print Running")
+        until_sync(lambda: any("Running" in line for line in lines), what="kubectl to print Running")
     finally:
         process.terminate()
         process.wait(10)
@@ -238,7 +238,7 @@ def test_kubectl_scale_uses_the_scale_subresource(emulator: EmulatorThread, kube
     kubectl("create", "namespace", "ai-workloads")
     kubectl("apply", "-f", str(seeds / "vllm-test-02.yaml"))
     assert "scaled" in kubectl("-n", "ai-workloads", "scale", "deployment", "vllm-test-02", "--replicas=3").stdout
-    wait_for(
+    until_sync(
         lambda: len(kubectl("-n", "ai-workloads", "get", "pods", "-o", "name").stdout.split()) == 3,
         what="three replicas",
     )

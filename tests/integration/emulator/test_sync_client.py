@@ -11,7 +11,8 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from quotient.emulator.emulator import EmulatorThread
-from tests.integration.emulator.conftest import pod_manifest, wait_for
+from tests.integration.emulator.conftest import pod_manifest
+from tests.polling import until_sync
 
 
 def _events(url: str, *, limit: int, timeout_s: float = 5.0) -> list[dict[str, Any]]:
@@ -95,7 +96,7 @@ def test_label_and_field_selectors_filter_lists(emulator: EmulatorThread, core: 
     assert names(label_selector="tier") == ["a"]
     assert names(field_selector="spec.schedulerName=quotient,spec.nodeName=") == ["b"]
     assert names(field_selector="metadata.name=c") == ["c"]
-    wait_for(lambda: names(field_selector="status.phase=Running") == ["c"], what="pod c to run")
+    until_sync(lambda: names(field_selector="status.phase=Running") == ["c"], what="pod c to run")
     assert names(field_selector="status.phase!=Running") == ["a", "b"]
     with pytest.raises(ApiException) as raised:
         core.list_namespaced_pod("default", field_selector="spec.nosuchfield=x")

@@ -2,35 +2,24 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from quotient.emulator import status
-from quotient.emulator.api import DeleteOptions
+from quotient.emulator.deletion import DeleteOptions
 from quotient.emulator.emulator import Emulator
 from quotient.emulator.objects import Obj
 from quotient.emulator.runtime import PodLaunch
 from tests.integration.emulator.conftest import FAST, cluster, pod_manifest
+from tests.polling import until
 
 
 @pytest.fixture
 async def emulator() -> AsyncIterator[Emulator]:
     async with Emulator(cluster(), config=FAST) as running:
         yield running
-
-
-async def until(predicate: Callable[[], Any], *, timeout_s: float = 5.0, what: str = "the condition") -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 def pods(emulator: Emulator, namespace: str = "default") -> list[Obj]:
@@ -168,11 +157,12 @@ async def test_a_job_runs_pods_to_completion_with_its_parallelism(emulator: Emul
         return any(c["type"] == "Complete" for c in (job or {}).get("status", {}).get("conditions", []))
 
     await until(lambda: len(pods(emulator)) == 2, what="two pods in parallel")
-    deadline = asyncio.get_running_loop().time() + 5
-    while not complete() and asyncio.get_running_loop().time() < deadline:
+
+    async def bound_until_complete() -> bool:
         await bind_new()
-        await asyncio.sleep(0.01)
-    assert complete()
+        return complete()
+
+    await until(bound_until_complete, what="the job to complete as its pods are bound")
     job = emulator.get("batch/v1", "Job", "etl", "default")
     assert job is not None and job["status"]["succeeded"] == 3 and len(bound) == 3
 
