@@ -11,12 +11,32 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TypeVar, overload
 
 T = TypeVar("T")
 
 DEFAULT_TIMEOUT_S = 10.0
 _INTERVAL_S = 0.02
+
+
+@overload
+async def until(
+    condition: Callable[[], Awaitable[T]],
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    what: str = "the condition",
+    interval_s: float = _INTERVAL_S,
+) -> T: ...
+
+
+@overload
+async def until(
+    condition: Callable[[], T],
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    what: str = "the condition",
+    interval_s: float = _INTERVAL_S,
+) -> T: ...
 
 
 async def until(

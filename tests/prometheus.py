@@ -17,7 +17,6 @@ import contextlib
 import json
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -28,6 +27,7 @@ from typing import Any
 import yaml
 
 from common.natsserver import free_port
+from tests import polling
 
 Obj = dict[str, Any]
 
@@ -83,18 +83,22 @@ class Prometheus:
         """Start the process and wait until it answers ``/-/ready``; an exit or a timeout raises with its log."""
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        try:
+            polling.until_sync(self._ready, timeout_s=timeout_s, what="prometheus ready")
+        except AssertionError as exc:
             if self.process.poll() is not None:
-                raise AssertionError(f"prometheus exited {self.process.returncode}: {self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=1) as answer:
-                    if answer.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"prometheus not ready after {timeout_s}s: {self.log_tail()}")
+                raise  # it exited: the message has its log
+            raise AssertionError(f"{exc}: {self.log_tail()}") from None
+
+    def _ready(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise AssertionError(f"prometheus exited {self.process.returncode}: {self.log_tail()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=1) as answer:
+                return bool(answer.status == 200)
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
 
     def stop(self) -> None:
         """Terminate the process (kill it after 10 s); harmless when it never started or already exited."""
@@ -125,13 +129,12 @@ class Prometheus:
 
     def wait_for(self, expr: str, *, timeout_s: float = 20.0) -> None:
         """Until the instant query ``expr`` returns a series."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+
+        def series() -> bool:
             answer = self.query(expr)
-            if answer["status"] == "success" and answer["data"]["result"]:
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"{expr} stayed empty for {timeout_s}s")
+            return answer["status"] == "success" and bool(answer["data"]["result"])
+
+        polling.until_sync(series, timeout_s=timeout_s, interval_s=0.2, what=f"{expr} to return a series")
 
     def alerts(self) -> list[Obj]:
         """The active alerts of ``/api/v1/alerts`` (pending and firing; a resolved alert is no longer listed)."""
@@ -144,15 +147,20 @@ class Prometheus:
     def wait_for_firing(
         self, until: Callable[[Sequence[Obj]], bool], *, timeout_s: float = 20.0, what: str = "the alerts"
     ) -> list[Obj]:
-        """Poll the firing alerts until ``until`` holds for them, and return them; raise after ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        firing = self.firing()
-        while not until(firing):
-            if time.monotonic() >= deadline:
-                names = sorted(alert["labels"].get("alertname", "") for alert in firing)
-                raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; firing: {names}")
-            time.sleep(0.2)
+        """Poll the firing alerts until ``until`` holds for them, and return them; raise after ``timeout_s`` with the
+        names of those firing then."""
+        firing: list[Obj] = []
+
+        def holds() -> bool:
+            nonlocal firing
             firing = self.firing()
+            return until(firing)
+
+        try:
+            polling.until_sync(holds, timeout_s=timeout_s, interval_s=0.2, what=what)
+        except AssertionError as exc:
+            names = sorted(alert["labels"].get("alertname", "") for alert in firing)
+            raise AssertionError(f"{exc}; firing: {names}") from None
         return firing
 
 

@@ -79,7 +79,6 @@ UUIDs), ``memoryscripts``, ``spec`` (the frozen values), ``building`` (nodes, th
 
 from __future__ import annotations
 
-from common import names
 from common.clusterspec.building import default_node_resources, make_node
 from common.clusterspec.catalogue import KNOWN_GPU_MODELS, GpuModel, gpu_uuid, lookup_gpu_model, product_label
 from common.clusterspec.inline import INLINE_FORM, parse_inline
@@ -97,14 +96,10 @@ from common.clusterspec.spec import (
     UnownedProcess,
 )
 
-# Its home is common.names; kept here for the modules that still read it as clusterspec.SIM_GPU_MEMORY_ANNOTATION.
-SIM_GPU_MEMORY_ANNOTATION = names.SIM_GPU_MEMORY_ANNOTATION
-
 __all__ = [
     "INLINE_FORM",
     "KNOWN_GPU_MODELS",
     "MEMORY_SCRIPT_FORM",
-    "SIM_GPU_MEMORY_ANNOTATION",
     "ClusterSpec",
     "GpuModel",
     "GpuSpec",

@@ -15,7 +15,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,9 @@ from quotient.emulator.store import Change, EventType
 from tests.conftest import REPO, require_tool
 
 SCHEDULER_NAMES = "quotient,kai-scheduler"
+STEP_TIMEOUT_S = 20.0
+"""How long the tests poll for one step (``tests.polling.until_sync``): a scheduler process syncing, a pod bound
+and started, a few kubectl round trips, on a loaded two-core CI machine. Longer steps name their own."""
 
 
 class Kubectl:
@@ -140,15 +143,6 @@ def cluster(spec: str = "1x4xA100-80GB", *, kubelet_delay_s: float = 0.05) -> It
         emulator.stop()
 
 
-def wait_until(predicate: Callable[[], bool], *, timeout_s: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-
-
 def pods(kubectl: Kubectl, namespace: str = "default") -> dict[str, dict[str, Any]]:
     listed = kubectl.json("get", "pods", "-n", namespace)
     return {item["metadata"]["name"]: item for item in listed["items"]}
@@ -248,7 +242,8 @@ class BindLedger:
     ``spec.nodeName`` from empty to a node, so a pod bound twice (or rebound after a restart) would show two entries
     under its uid. The answers (201, 409, 404, ...) to the binding requests that reached the API layer show whether a
     scheduler tried to bind a pod that was bound already. Injected faults are answered before the API layer, so they
-    are not counted here.
+    are not counted here. The requests still in the server's hands (``in_flight``) tell when a killed scheduler's
+    last bindings have settled.
     """
 
     def __init__(self, emulator: EmulatorThread) -> None:
@@ -284,10 +279,27 @@ class BindLedger:
                 self._answers.append((namespace, name, uid, code))
             return result
 
+        server = emulator.emulator.server
+        handle_resource = server._resource
+        self._in_flight = 0
+
+        async def tracking_resource(request: Any, target: Any) -> Any:
+            if getattr(target, "subresource", "") != "binding":
+                return await handle_resource(request, target)
+            with self._lock:
+                self._in_flight += 1
+            try:
+                return await handle_resource(request, target)
+            finally:  # also when the client went away and the server cancelled the request
+                with self._lock:
+                    self._in_flight -= 1
+
         self._listener = listener
         emulator.call(lambda: emulator.emulator.store.subscribe(listener))
-        # A spy on the API layer's bind: same arguments, same result, one line of bookkeeping.
+        # Spies on the API layer's bind and on the server's resource requests: same arguments, same results, one
+        # line of bookkeeping each.
         emulator.call(lambda: setattr(api, "bind", counting_bind))
+        emulator.call(lambda: setattr(server, "_resource", tracking_resource))
 
     def bindings(self) -> list[Binding]:
         with self._lock:
@@ -302,6 +314,12 @@ class BindLedger:
         for binding in self.bindings():
             counts[binding.uid] = counts.get(binding.uid, 0) + 1
         return counts
+
+    def in_flight(self) -> int:
+        """Binding requests the emulator has received and not answered yet (those an injected delay holds
+        included); a request whose client went away is cancelled by the server and leaves the count."""
+        with self._lock:
+            return self._in_flight
 
     def answers(self) -> list[tuple[str, str, str, int]]:
         """(namespace, name, uid or "", HTTP code) of every binding request the API layer answered."""
@@ -324,6 +342,51 @@ class BindLedger:
 
         def restore() -> None:
             emulator.store.unsubscribe(self._listener)
-            vars(emulator.api).pop("bind", None)  # the class's own method again
+            vars(emulator.api).pop("bind", None)  # the classes' own methods again
+            vars(emulator.server).pop("_resource", None)
 
         self._emulator.call(restore)
+
+
+class World:
+    """A fresh emulated cluster, kubectl, a ledger of bindings, and the scheduler processes a test starts."""
+
+    def __init__(self, emulator: EmulatorThread, directory: Path) -> None:
+        self.emulator = emulator
+        self.directory = directory
+        self.kubectl = Kubectl(emulator.url)
+        self.ledger = BindLedger(emulator)
+        self.schedulers: dict[str, SchedulerProcess] = {}
+
+    def scheduler(self, *extra: str, identity: str, leader_elect: bool = False) -> SchedulerProcess:
+        process = SchedulerProcess(self.emulator.url, *extra, identity=identity, leader_elect=leader_elect)
+        self.schedulers[identity] = process
+        return process
+
+    def apply(self, name: str, *objects: Mapping[str, Any]) -> None:
+        apply_objects(self.kubectl, self.directory, name, *objects)
+
+    def bound(self, names: Sequence[str]) -> bool:
+        current = pods(self.kubectl)
+        return all(bound(current.get(name, {})) for name in names)
+
+    def close(self) -> None:
+        for process in self.schedulers.values():
+            process.close()
+        self.ledger.close()
+        self.kubectl.close()
+
+
+@contextlib.contextmanager
+def world(spec: str, directory: Path) -> Iterator[World]:
+    """A ``World`` on a fresh cluster of ``spec``; on the way out each scheduler's log is printed (pytest shows a
+    test's captured output only when it fails: the logs are there exactly then) and everything is stopped."""
+    with cluster(spec) as emulator:
+        current = World(emulator, directory)
+        try:
+            yield current
+        finally:
+            for identity, process in current.schedulers.items():
+                print(f"--- scheduler log ({identity})")
+                print(process.log()[-8000:])
+            current.close()

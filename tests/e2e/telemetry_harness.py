@@ -25,13 +25,14 @@ from typing import Any, TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from common import clusterspec, subjects, wire
+from common import clusterspec, names, subjects, wire
 from common.natsconn import NatsBus
 from common.natsserver import NatsServer, free_port
 from quotient.emulator.emulator import EmulatorConfig, EmulatorThread
 from quotient.emulator.kubelets import KubeletConfig
 from quotient.nodes import EmulatedNodes
 from quotient.nodes_runtime import GpuNodesRuntime
+from tests import polling
 from tests.e2e import harness
 
 T = TypeVar("T")
@@ -204,7 +205,7 @@ def share_pod(
     """A pod of ours asking for a fraction of a GPU, pinned to ``node``, whose process follows ``memory``."""
     annotations = {"gpu-fraction": fraction}
     if memory is not None:
-        annotations[clusterspec.SIM_GPU_MEMORY_ANNOTATION] = memory
+        annotations[names.SIM_GPU_MEMORY_ANNOTATION] = memory
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -289,7 +290,7 @@ def telemetry_world(spec_text: str, *extra: str, nats_config: str = "") -> Itera
         workdir=Path(workdir.name),
     )
     try:
-        harness.wait_until(
+        polling.until_sync(
             lambda: world.value("quotient_scheduler_leader") == 1.0, timeout_s=30, what="the scheduler leading"
         )
         yield world

@@ -10,24 +10,11 @@ import pytest
 from common import subjects, wire
 from common.natsconn import NatsBus
 from common.natsserver import NatsServer
+from tests import polling
 from tests.e2e import harness
 from tests.e2e.harness import Kubectl, SchedulerProcess
 
 pytestmark = pytest.mark.integration
-
-
-async def _collect(url: str, seconds: float, received: list[wire.Decision], ready: asyncio.Event) -> None:
-    bus = NatsBus(servers=url, name="test-decisions")
-    await bus.connect_once()
-
-    async def on_message(_subject: str, data: bytes) -> None:
-        received.append(wire.decode_decision(data))
-
-    await bus.subscribe(subjects.DECISIONS, on_message)
-    ready.set()
-    await asyncio.sleep(seconds)
-    assert await bus.last_message(subjects.telemetry("no-node")) is None  # the stream exists: no error
-    await bus.close()
 
 
 def test_every_bind_is_published_as_a_decision_and_the_stream_is_declared(nats_server: NatsServer) -> None:
@@ -38,9 +25,13 @@ def test_every_bind_is_published_as_a_decision_and_the_stream_is_declared(nats_s
         try:
 
             async def scenario() -> None:
-                ready = asyncio.Event()
-                collector = asyncio.create_task(_collect(nats_server.url, 12.0, received, ready))
-                await ready.wait()
+                bus = NatsBus(servers=nats_server.url, name="test-decisions")
+                await bus.connect_once()
+
+                async def on_message(_subject: str, data: bytes) -> None:
+                    received.append(wire.decode_decision(data))
+
+                await bus.subscribe(subjects.DECISIONS, on_message)
                 pod = harness.gpu_pod("train", gpus=2)
                 proc = await asyncio.create_subprocess_exec(
                     kubectl.binary,
@@ -54,7 +45,13 @@ def test_every_bind_is_published_as_a_decision_and_the_stream_is_declared(nats_s
                     stdin=asyncio.subprocess.PIPE,
                 )
                 await proc.communicate(json.dumps(pod).encode())
-                await collector
+                await polling.until(
+                    lambda: any(d.pod_name == "train" for d in received),
+                    timeout_s=30,
+                    what="the decision binding train",
+                )
+                assert await bus.last_message(subjects.telemetry("no-node")) is None  # the stream exists: no error
+                await bus.close()
 
             asyncio.run(scenario())
         finally:

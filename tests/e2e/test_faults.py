@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from quotient.emulator.emulator import EmulatorThread
 from quotient.emulator.faults import Fault
+from tests import polling
 from tests.e2e import harness
-from tests.e2e.harness import BindLedger, Kubectl, SchedulerProcess
+from tests.e2e.harness import BindLedger, World
 
 pytestmark = pytest.mark.integration
 
@@ -30,56 +30,16 @@ LEASE_NAMESPACE = "default"
 LEASE_NAME = "quotient-scheduler"
 
 
-class World:
-    """A fresh emulated cluster, kubectl, a ledger of bindings, and the scheduler processes a test starts."""
-
-    def __init__(self, emulator: EmulatorThread, directory: Path) -> None:
-        self.emulator = emulator
-        self.directory = directory
-        self.kubectl = Kubectl(emulator.url)
-        self.ledger = BindLedger(emulator)
-        self.schedulers: dict[str, SchedulerProcess] = {}
-
-    def scheduler(self, *extra: str, identity: str, leader_elect: bool = False) -> SchedulerProcess:
-        process = SchedulerProcess(self.emulator.url, *extra, identity=identity, leader_elect=leader_elect)
-        self.schedulers[identity] = process
-        return process
-
-    def apply(self, name: str, *objects: dict[str, Any]) -> None:
-        harness.apply_objects(self.kubectl, self.directory, name, *objects)
-
-    def bound(self, names: tuple[str, ...] | list[str]) -> bool:
-        current = harness.pods(self.kubectl)
-        return all(harness.bound(current.get(name, {})) for name in names)
-
-    def close(self) -> None:
-        for process in self.schedulers.values():
-            process.close()
-        self.ledger.close()
-        self.kubectl.close()
-
-
-def _world(spec: str, directory: Path) -> Iterator[World]:
-    with harness.cluster(spec) as emulator:
-        current = World(emulator, directory)
-        try:
-            yield current
-        finally:
-            # pytest shows a test's captured output only when it fails: the logs are there exactly then.
-            for identity, process in current.schedulers.items():
-                print(f"--- scheduler log ({identity})")
-                print(process.log()[-8000:])
-            current.close()
-
-
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[World]:
-    yield from _world("1x4xA100-80GB", tmp_path)
+    with harness.world("1x4xA100-80GB", tmp_path) as current:
+        yield current
 
 
 @pytest.fixture
 def big_world(tmp_path: Path) -> Iterator[World]:
-    yield from _world("4x4xA100-80GB", tmp_path)
+    with harness.world("4x4xA100-80GB", tmp_path) as current:
+        yield current
 
 
 def _no_device_given_twice(world: World, names: list[str]) -> None:
@@ -130,18 +90,32 @@ def test_a_scheduler_killed_in_the_middle_of_a_gang_leaves_it_whole_and_bound_on
     slow = harness.inject(world.emulator, Fault(verb="create", resource="pods", subresource="binding", delay_s=0.4))
     first = world.scheduler("--bind-concurrency", "4", identity="sched-a")
     world.apply("gang", *_gang("gang", size))
-    harness.wait_until(lambda: len(world.ledger.bound_names() & set(names)) >= 4, what="the first bindings")
+    polling.until_sync(
+        lambda: len(world.ledger.bound_names() & set(names)) >= 4,
+        timeout_s=harness.STEP_TIMEOUT_S,
+        what="the first bindings",
+    )
     first.kill()
-    time.sleep(1.0)  # any binding still in the emulator's hands when the process died has settled by now
+    polling.until_sync(
+        lambda: world.ledger.in_flight() == 0,
+        timeout_s=harness.STEP_TIMEOUT_S,
+        what="every binding the killed scheduler sent answered or cancelled",
+    )
     at_kill = world.ledger.bound_names() & set(names)
     assert 0 < len(at_kill) < size, f"the kill should land mid-gang, {len(at_kill)} of {size} were bound"
     harness.remove_fault(world.emulator, slow)
 
     world.scheduler(identity="sched-b")
-    harness.wait_until(lambda: world.bound(names), what="the whole gang bound by the new scheduler")
+    polling.until_sync(
+        lambda: world.bound(names), timeout_s=harness.STEP_TIMEOUT_S, what="the whole gang bound by the new scheduler"
+    )
     world.ledger.assert_each_bound_once()
     assert world.ledger.bound_names() == set(names)
-    harness.wait_until(lambda: _running_with_gpus(world, names), what="every member running with its GPU")
+    polling.until_sync(
+        lambda: _running_with_gpus(world, names),
+        timeout_s=harness.STEP_TIMEOUT_S,
+        what="every member running with its GPU",
+    )
     _no_device_given_twice(world, names)
     print(f"killed with {len(at_kill)} of {size} bound; binding answers: {_codes(world.ledger)}")
 
@@ -157,35 +131,54 @@ def test_state_stays_exact_when_every_watch_expires_while_pods_come_and_go(world
     kubectl = world.kubectl
     world.scheduler(identity="sched-a")
     world.apply("warm", harness.gpu_pod("warm"))
-    harness.wait_until(lambda: world.bound(["warm"]), what="the scheduler synced and binding")
+    polling.until_sync(
+        lambda: world.bound(["warm"]), timeout_s=harness.STEP_TIMEOUT_S, what="the scheduler synced and binding"
+    )
 
     # From now on every watch ends at once with 410 Gone; the scheduler sees the cluster only through relists.
     storm = harness.inject(world.emulator, Fault(verb="watch", code=410))
     harness.drop_watches(world.emulator)
     world.apply("first", *(harness.gpu_pod(f"first-{index}") for index in range(3)))
-    harness.wait_until(lambda: world.bound([f"first-{index}" for index in range(3)]), what="first pods bound")
+    polling.until_sync(
+        lambda: world.bound([f"first-{index}" for index in range(3)]),
+        timeout_s=harness.STEP_TIMEOUT_S,
+        what="first pods bound",
+    )
     harness.compact(world.emulator)
     # The cluster is full (4 GPUs). Two pods go; two new ones fit only if the scheduler saw the deletions.
     kubectl("delete", "pod", "warm", "first-0", "--wait=true")
     harness.compact(world.emulator)
     world.apply("second", *(harness.gpu_pod(f"second-{index}") for index in range(2)))
-    harness.wait_until(lambda: world.bound(["second-0", "second-1"]), what="new pods bound into the freed GPUs")
+    polling.until_sync(
+        lambda: world.bound(["second-0", "second-1"]),
+        timeout_s=harness.STEP_TIMEOUT_S,
+        what="new pods bound into the freed GPUs",
+    )
     harness.remove_fault(world.emulator, storm)
     harness.compact(world.emulator)
 
     # After the storm: the cluster is full again, so one more pod waits until one of the others goes.
     world.apply("late", harness.gpu_pod("late"))
-    harness.wait_until(
+    polling.until_sync(
         lambda: any(event["reason"] == "Unschedulable" for event in harness.events_about(kubectl, "default", "late")),
+        timeout_s=harness.STEP_TIMEOUT_S,
         what="the late pod reported as waiting for room",
     )
     assert not world.bound(["late"])
     kubectl("delete", "pod", "first-1", "--wait=true")
-    harness.wait_until(lambda: world.bound(["late"]), what="the late pod bound into the GPU first-1 freed")
+    polling.until_sync(
+        lambda: world.bound(["late"]),
+        timeout_s=harness.STEP_TIMEOUT_S,
+        what="the late pod bound into the GPU first-1 freed",
+    )
 
     running = ["first-2", "second-0", "second-1", "late"]
     world.ledger.assert_each_bound_once()
-    harness.wait_until(lambda: _running_with_gpus(world, running), what="every pod running with its GPU")
+    polling.until_sync(
+        lambda: _running_with_gpus(world, running),
+        timeout_s=harness.STEP_TIMEOUT_S,
+        what="every pod running with its GPU",
+    )
     _no_device_given_twice(world, running)
     # The pods were seen through relists that found changes (deletions included), not through a watch.
     log = world.schedulers["sched-a"].log()
@@ -196,7 +189,9 @@ def test_state_stays_exact_when_every_watch_expires_while_pods_come_and_go(world
 def test_pods_bind_once_bindings_recover_from_a_run_of_server_errors(world: World) -> None:
     world.scheduler(identity="sched-a")
     world.apply("warm", harness.gpu_pod("warm"))
-    harness.wait_until(lambda: world.bound(["warm"]), what="the scheduler synced and binding")
+    polling.until_sync(
+        lambda: world.bound(["warm"]), timeout_s=harness.STEP_TIMEOUT_S, what="the scheduler synced and binding"
+    )
 
     failing = harness.inject(
         world.emulator,
@@ -205,38 +200,58 @@ def test_pods_bind_once_bindings_recover_from_a_run_of_server_errors(world: Worl
     names = [f"retry-{index}" for index in range(3)]
     world.apply("pods", *(harness.gpu_pod(name) for name in names))
     log = world.schedulers["sched-a"].log
-    harness.wait_until(lambda: "event=api_retry" in log(), what="the binder retrying")
+    polling.until_sync(lambda: "event=api_retry" in log(), timeout_s=harness.STEP_TIMEOUT_S, what="the binder retrying")
     # The binder gives up after six attempts (about 1.6 s of backoff) and hands the pods back to the cycle, which
     # places them afresh; those attempts fail too for a while.
-    harness.wait_until(lambda: "event=bind_failed" in log(), what="the binder giving up on the first placements")
-    time.sleep(1.0)
+    polling.until_sync(
+        lambda: "event=bind_failed" in log(),
+        timeout_s=harness.STEP_TIMEOUT_S,
+        what="the binder giving up on the first placements",
+    )
+    retries = log().count("event=api_retry")
+    polling.until_sync(
+        lambda: log().count("event=api_retry") > retries,
+        timeout_s=harness.STEP_TIMEOUT_S,
+        what="the pods placed afresh and their bindings failing again",
+    )
     harness.remove_fault(world.emulator, failing)
     recovered = time.monotonic()
     assert not world.ledger.bound_names() & set(names), "nothing binds while bindings answer 500"
-    harness.wait_until(lambda: world.bound(names), what="every pod bound once the API recovered")
+    polling.until_sync(
+        lambda: world.bound(names), timeout_s=harness.STEP_TIMEOUT_S, what="every pod bound once the API recovered"
+    )
     last_s = max(binding.at_s for binding in world.ledger.bindings()) - recovered
     world.ledger.assert_each_bound_once()
-    harness.wait_until(lambda: _running_with_gpus(world, ["warm", *names]), what="every pod running with its GPU")
+    polling.until_sync(
+        lambda: _running_with_gpus(world, ["warm", *names]),
+        timeout_s=harness.STEP_TIMEOUT_S,
+        what="every pod running with its GPU",
+    )
     _no_device_given_twice(world, ["warm", *names])
     print(f"all bound {last_s:.2f} s after the API recovered; {log().count('event=bind_failed')} placements given up")
 
 
 def test_a_standby_takes_over_from_a_killed_leader_within_the_lease_and_binds_new_pods(world: World) -> None:
     first = world.scheduler(identity="sched-a", leader_elect=True)
-    harness.wait_until(
+    polling.until_sync(
         lambda: harness.lease_holder(world.emulator, LEASE_NAMESPACE, LEASE_NAME) == "sched-a",
+        timeout_s=harness.STEP_TIMEOUT_S,
         what="sched-a elected",
     )
     second = world.scheduler(identity="sched-b", leader_elect=True)
-    harness.wait_until(lambda: "leader_observed" in second.log(), what="sched-b standing by")
+    polling.until_sync(
+        lambda: "leader_observed" in second.log(), timeout_s=harness.STEP_TIMEOUT_S, what="sched-b standing by"
+    )
     world.apply("before", harness.gpu_pod("before-0"), harness.gpu_pod("before-1"))
-    harness.wait_until(lambda: world.bound(["before-0", "before-1"]), what="the leader binding")
+    polling.until_sync(
+        lambda: world.bound(["before-0", "before-1"]), timeout_s=harness.STEP_TIMEOUT_S, what="the leader binding"
+    )
     assert "leading_started" not in second.log()
 
     first.kill()
     killed = time.monotonic()
     world.apply("after", harness.gpu_pod("after-0"), harness.gpu_pod("after-1"))
-    harness.wait_until(
+    polling.until_sync(
         lambda: harness.lease_holder(world.emulator, LEASE_NAMESPACE, LEASE_NAME) == "sched-b",
         timeout_s=LEASE_DURATION_S * 3,
         what="sched-b taking the lease",
@@ -245,10 +260,18 @@ def test_a_standby_takes_over_from_a_killed_leader_within_the_lease_and_binds_ne
     # The standby may take the lease once the record has not changed for the lease duration, counted from when it
     # last saw it change (at most one renewal period before the kill), and it tries every retry period (+20%).
     assert takeover_s <= LEASE_DURATION_S + 2 * RETRY_PERIOD_S * 1.2 + 0.5, f"took over after {takeover_s:.2f} s"
-    harness.wait_until(lambda: world.bound(["after-0", "after-1"]), what="the new leader binding new pods")
+    polling.until_sync(
+        lambda: world.bound(["after-0", "after-1"]),
+        timeout_s=harness.STEP_TIMEOUT_S,
+        what="the new leader binding new pods",
+    )
     world.ledger.assert_each_bound_once()
     assert {binding.name for binding in world.ledger.bindings()} == {"before-0", "before-1", "after-0", "after-1"}
     everyone = ["before-0", "before-1", "after-0", "after-1"]
-    harness.wait_until(lambda: _running_with_gpus(world, everyone), what="every pod running with its GPU")
+    polling.until_sync(
+        lambda: _running_with_gpus(world, everyone),
+        timeout_s=harness.STEP_TIMEOUT_S,
+        what="every pod running with its GPU",
+    )
     _no_device_given_twice(world, everyone)
     print(f"standby took over {takeover_s:.2f} s after the leader was killed")

@@ -21,8 +21,8 @@ import time
 import pytest
 
 from common import quantities
+from tests import polling
 from tests.conftest import REPO, require_tool
-from tests.e2e import harness
 from tests.e2e.telemetry_harness import GRACE_S, INTERVAL_S, share_pod, telemetry_world
 from tests.prometheus import Obj, running
 
@@ -72,7 +72,7 @@ def test_a_real_prometheus_fires_over_consumption_for_the_pod_over_its_share_and
             note("on /metrics", on_metrics)
             return note("firing in Prometheus", bool(_about_grower(prometheus.firing())))
 
-        harness.wait_until(firing_in_prometheus, timeout_s=25, what=f"{ALERT} firing")
+        polling.until_sync(firing_in_prometheus, timeout_s=25, what=f"{ALERT} firing")
         firing = prometheus.firing()
         (alert,) = _about_grower(firing)
         assert alert["labels"] == {
@@ -98,7 +98,7 @@ def test_a_real_prometheus_fires_over_consumption_for_the_pod_over_its_share_and
             note("cleared on /metrics", cleared)
             return note("gone from Prometheus", not _about_grower(prometheus.alerts()))
 
-        harness.wait_until(resolved_in_prometheus, timeout_s=20, what=f"{ALERT} leaving the active alerts")
+        polling.until_sync(resolved_in_prometheus, timeout_s=20, what=f"{ALERT} leaving the active alerts")
         assert world.running("grower")
         assert world.value("quotient_pod_gpu_memory_used_bytes", pod="grower", node=NODE, gpu="0") == 6 * quantities.GIB
     print(

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests import polling
 from tests.e2e import harness
 from tests.e2e.harness import Kubectl, SchedulerProcess
 
@@ -36,8 +37,10 @@ def test_the_kind_vcluster_talk_guide_runs_unchanged(world: tuple[Kubectl, Sched
     ):
         kubectl("apply", "-f", str(path))
     ours = ("cpu-pod", "gpu-pod", "gpu-sharing", "inference-api")
-    harness.wait_until(
-        lambda: all(harness.bound(harness.pods(kubectl).get(name, {})) for name in ours), what="the seeds' pods bound"
+    polling.until_sync(
+        lambda: all(harness.bound(harness.pods(kubectl).get(name, {})) for name in ours),
+        timeout_s=harness.STEP_TIMEOUT_S,
+        what="the seeds' pods bound",
     )
     current = harness.pods(kubectl)
     sharing, inference = current["gpu-sharing"], current["inference-api"]
@@ -75,7 +78,7 @@ def test_the_ai_ready_guide_vllm_deployments_share_one_gpu_group(world: tuple[Ku
         current = harness.pods(kubectl, "ai-workloads")
         return len(current) == 2 and all(harness.bound(pod) for pod in current.values())
 
-    harness.wait_until(both_bound, what="both vLLM pods bound")
+    polling.until_sync(both_bound, timeout_s=harness.STEP_TIMEOUT_S, what="both vLLM pods bound")
     table = kubectl(
         "-n",
         "ai-workloads",

@@ -17,18 +17,19 @@ from typing import Any
 import pytest
 import yaml
 
+from common import names
 from common.natsserver import free_port
 from quotient.emulator import status as emulator_status
 from quotient.emulator.emulator import EmulatorThread
 from quotient.emulator.runtime import PodLaunch
-from scheduler.kube import reservations
+from tests import polling
 from tests.conftest import REPO, require_tool
 from tests.e2e import harness
 from tests.e2e.harness import Kubectl, SchedulerProcess
 
 pytestmark = pytest.mark.integration
 
-RESERVATION_NS = reservations.DEFAULT_NAMESPACE
+RESERVATION_NS = names.RESERVATION_NAMESPACE
 Obj = dict[str, Any]
 
 
@@ -77,7 +78,9 @@ class World:
             )
         self.scheduler = SchedulerProcess(emulator.url, *args)
         if webhook:
-            harness.wait_until(self._trusted, what="the scheduler's CA in the webhook's caBundle")
+            polling.until_sync(
+                self._trusted, timeout_s=harness.STEP_TIMEOUT_S, what="the scheduler's CA in the webhook's caBundle"
+            )
 
     def _trusted(self) -> bool:
         stored = self.emulator.call(
@@ -169,14 +172,16 @@ def test_the_talk_guide_shares_one_device_held_by_one_reservation_pod_and_frees_
     kubectl = world.kubectl
     for path in harness.seeds("queues.yaml", "gpu-sharing.yaml", "inference-pod.yaml", "gpu-pod.yaml"):
         kubectl("apply", "-f", str(path))
-    harness.wait_until(
-        lambda: world.running("default", "gpu-sharing", "inference-api", "gpu-pod"), what="the seeds' pods running"
+    polling.until_sync(
+        lambda: world.running("default", "gpu-sharing", "inference-api", "gpu-pod"),
+        timeout_s=harness.STEP_TIMEOUT_S,
+        what="the seeds' pods running",
     )
     held = world.reservation_pods()
     assert len(held) == 1, sorted(held)
     [reservation] = held.values()
-    uuid = reservation["metadata"]["annotations"][reservations.UUID_ANNOTATION]
-    group = reservation["metadata"]["labels"][reservations.GROUP_LABEL]
+    uuid = reservation["metadata"]["annotations"][names.RESERVATION_UUID_ANNOTATION]
+    group = reservation["metadata"]["labels"][names.RESERVATION_GROUP_LABEL]
     current = harness.pods(kubectl)
     for name in ("gpu-sharing", "inference-api"):
         assert current[name]["metadata"]["labels"]["runai-gpu-group"] == group
@@ -197,12 +202,18 @@ def test_the_talk_guide_shares_one_device_held_by_one_reservation_pod_and_frees_
     assert data == {"NVIDIA_VISIBLE_DEVICES": uuid, "GPU_PORTION": "0.5"}
     # The sharing pods go: the reservation pod goes, and its device is free again.
     kubectl("delete", "pod", "gpu-sharing", "inference-api", "--wait=false")
-    harness.wait_until(lambda: not world.reservation_pods(), what="the reservation pod deleted")
+    polling.until_sync(
+        lambda: not world.reservation_pods(), timeout_s=harness.STEP_TIMEOUT_S, what="the reservation pod deleted"
+    )
     events = harness.events_about(kubectl, RESERVATION_NS, reservation["metadata"]["name"])
     reasons = {event["reason"] for event in events}
     assert {"ReservationCreated", "ReservationReady", "ReservationReleased"} <= reasons, reasons
     kubectl("create", "-f", str(_write(harness.gpu_pod("three", gpus=3))))
-    harness.wait_until(lambda: world.running("default", "three"), what="the three GPUs left for a new pod")
+    polling.until_sync(
+        lambda: world.running("default", "three"),
+        timeout_s=harness.STEP_TIMEOUT_S,
+        what="the three GPUs left for a new pod",
+    )
 
 
 def test_the_vllm_deployments_at_07_and_02_share_one_group_and_one_reservation(world: World) -> None:
@@ -217,12 +228,12 @@ def test_the_vllm_deployments_at_07_and_02_share_one_group_and_one_reservation(w
         current = harness.pods(kubectl, "ai-workloads")
         return len(current) == 2 and all(pod["status"].get("phase") == "Running" for pod in current.values())
 
-    harness.wait_until(both_running, what="both vLLM pods running")
+    polling.until_sync(both_running, timeout_s=harness.STEP_TIMEOUT_S, what="both vLLM pods running")
     [reservation] = world.reservation_pods().values()
-    uuid = reservation["metadata"]["annotations"][reservations.UUID_ANNOTATION]
+    uuid = reservation["metadata"]["annotations"][names.RESERVATION_UUID_ANNOTATION]
     current = harness.pods(kubectl, "ai-workloads")
     assert {pod["metadata"]["labels"]["runai-gpu-group"] for pod in current.values()} == {
-        reservation["metadata"]["labels"][reservations.GROUP_LABEL]
+        reservation["metadata"]["labels"][names.RESERVATION_GROUP_LABEL]
     }
     assert {world.visible_devices("ai-workloads", name) for name in current} == {uuid}
 
@@ -235,7 +246,11 @@ def test_gpu_memory_3000_gets_its_share_of_a_16_and_an_80_gib_device(tmp_path: P
             small, large = nodes[0], nodes[1]
             for name, node in (("small", small), ("large", large)):
                 harness.apply_objects(world.kubectl, tmp_path, name, share_pod(name, {"gpu-memory": "3000"}, node=node))
-            harness.wait_until(lambda: world.running("default", "small", "large"), what="both shares running")
+            polling.until_sync(
+                lambda: world.running("default", "small", "large"),
+                timeout_s=harness.STEP_TIMEOUT_S,
+                what="both shares running",
+            )
             current = harness.pods(world.kubectl)
             # 3000 MiB of each device's memory (the node's nvidia.com/gpu.memory, MiB), in milli-GPU rounded up:
             # about 0.186 of the 16 GB V100 and 0.037 of the 80 GB A100.
@@ -262,10 +277,12 @@ def test_gpu_memory_3000_gets_its_share_of_a_16_and_an_80_gib_device(tmp_path: P
 def test_num_devices_2_gets_two_groups_and_sees_both_devices(world: World, tmp_path: Path) -> None:
     pod = share_pod("pair", {"gpu-fraction": "0.5", "gpu-fraction-num-devices": "2"})
     harness.apply_objects(world.kubectl, tmp_path, "pair", pod)
-    harness.wait_until(lambda: world.running("default", "pair"), what="the two-device share running")
+    polling.until_sync(
+        lambda: world.running("default", "pair"), timeout_s=harness.STEP_TIMEOUT_S, what="the two-device share running"
+    )
     held = world.reservation_pods()
     assert len(held) == 2
-    uuids = {item["metadata"]["annotations"][reservations.UUID_ANNOTATION] for item in held.values()}
+    uuids = {item["metadata"]["annotations"][names.RESERVATION_UUID_ANNOTATION] for item in held.values()}
     current = harness.pods(world.kubectl)["pair"]
     groups = current["metadata"]["annotations"]["quotient.dev/gpu-groups"].split(",")
     assert len(set(groups)) == 2
@@ -303,7 +320,9 @@ def test_the_webhook_in_the_scheduler_process_refuses_each_bad_annotation_with_a
     # Nothing was stored, and a good share still runs beside them.
     assert not [name for name in harness.pods(world.kubectl) if name.startswith("bad-")]
     harness.apply_objects(world.kubectl, tmp_path, "good", share_pod("good", {"gpu-fraction": "0.5"}))
-    harness.wait_until(lambda: world.running("default", "good"), what="the good share running")
+    polling.until_sync(
+        lambda: world.running("default", "good"), timeout_s=harness.STEP_TIMEOUT_S, what="the good share running"
+    )
 
 
 def test_without_the_webhook_the_scheduler_reports_each_bad_pod_unschedulable_and_places_the_rest(
@@ -314,7 +333,11 @@ def test_without_the_webhook_the_scheduler_reports_each_bad_pod_unschedulable_an
         try:
             bad = [_bad_pod(f"bad-{index}", dict(case.values[0]), case.values[1]) for index, case in enumerate(BAD)]
             harness.apply_objects(world.kubectl, tmp_path, "bad", *bad, share_pod("good", {"gpu-fraction": "0.5"}))
-            harness.wait_until(lambda: world.running("default", "good"), what="the good share running")
+            polling.until_sync(
+                lambda: world.running("default", "good"),
+                timeout_s=harness.STEP_TIMEOUT_S,
+                what="the good share running",
+            )
 
             def all_reported() -> bool:
                 return all(
@@ -325,7 +348,9 @@ def test_without_the_webhook_the_scheduler_reports_each_bad_pod_unschedulable_an
                     for index in range(len(BAD))
                 )
 
-            harness.wait_until(all_reported, what="an Unschedulable event on every bad pod")
+            polling.until_sync(
+                all_reported, timeout_s=harness.STEP_TIMEOUT_S, what="an Unschedulable event on every bad pod"
+            )
             current = harness.pods(world.kubectl)
             assert not any(harness.bound(current[f"bad-{index}"]) for index in range(len(BAD)))
             assert world.scheduler.process.poll() is None
@@ -338,18 +363,21 @@ def test_a_scheduler_killed_between_reserving_and_binding_leaves_one_reservation
 ) -> None:
     world.emulator.call(lambda: setattr(world.emulator.emulator.reservation_agent, "delay_s", 2.0))
     harness.apply_objects(world.kubectl, tmp_path, "late", share_pod("late", {"gpu-fraction": "0.5"}))
-    harness.wait_until(lambda: bool(world.reservation_pods()), what="the reservation pod created")
+    polling.until_sync(
+        lambda: bool(world.reservation_pods()), timeout_s=harness.STEP_TIMEOUT_S, what="the reservation pod created"
+    )
     assert not harness.bound(harness.pods(world.kubectl)["late"])
     world.restart_scheduler()
-    harness.wait_until(lambda: world.running("default", "late"), timeout_s=30, what="the share bound after restart")
+    polling.until_sync(lambda: world.running("default", "late"), timeout_s=30, what="the share bound after restart")
     held = world.reservation_pods()
     assert len(held) == 1
     [reservation] = held.values()
     assert (
-        world.visible_devices("default", "late") == reservation["metadata"]["annotations"][reservations.UUID_ANNOTATION]
+        world.visible_devices("default", "late")
+        == reservation["metadata"]["annotations"][names.RESERVATION_UUID_ANNOTATION]
     )
     # The first leader's reservation drains once nothing uses it: none is left behind.
-    harness.wait_until(lambda: len(world.reservation_pods()) == 1, what="no stray reservation", timeout_s=5)
+    polling.until_sync(lambda: len(world.reservation_pods()) == 1, what="no stray reservation", timeout_s=5)
 
 
 def test_deleting_a_reservation_pod_under_running_shares_evicts_them_with_an_event(
@@ -362,7 +390,9 @@ def test_deleting_a_reservation_pod_under_running_shares_evicts_them_with_an_eve
         share_pod("left", {"gpu-fraction": "0.5"}),
         share_pod("right", {"gpu-fraction": "0.5"}),
     )
-    harness.wait_until(lambda: world.running("default", "left", "right"), what="both shares running")
+    polling.until_sync(
+        lambda: world.running("default", "left", "right"), timeout_s=harness.STEP_TIMEOUT_S, what="both shares running"
+    )
     [name] = world.reservation_pods()
     world.kubectl("delete", "pod", "-n", RESERVATION_NS, name, "--wait=false")
 
@@ -370,7 +400,7 @@ def test_deleting_a_reservation_pod_under_running_shares_evicts_them_with_an_eve
         current = harness.pods(world.kubectl)
         return "left" not in current and "right" not in current
 
-    harness.wait_until(evicted, what="the orphaned shares deleted")
+    polling.until_sync(evicted, timeout_s=harness.STEP_TIMEOUT_S, what="the orphaned shares deleted")
     reasons = [event["reason"] for event in harness.events_about(world.kubectl, "default", "left")]
     assert "GpuReservationLost" in reasons
 
@@ -387,19 +417,28 @@ def test_a_reservation_whose_uuid_never_arrives_is_deleted_and_the_share_placed_
             busy = harness.gpu_pod("busy", gpus=1)
             busy["spec"]["nodeSelector"] = {"kubernetes.io/hostname": nodes[1]}
             harness.apply_objects(world.kubectl, tmp_path, "busy", busy)
-            harness.wait_until(lambda: world.running("default", "busy"), what="the whole-GPU pod running")
+            polling.until_sync(
+                lambda: world.running("default", "busy"),
+                timeout_s=harness.STEP_TIMEOUT_S,
+                what="the whole-GPU pod running",
+            )
             harness.apply_objects(world.kubectl, tmp_path, "share", share_pod("share", {"gpu-fraction": "0.5"}))
-            harness.wait_until(lambda: bool(world.reservation_pods()), what="a reservation on the broken node")
+            polling.until_sync(
+                lambda: bool(world.reservation_pods()),
+                timeout_s=harness.STEP_TIMEOUT_S,
+                what="a reservation on the broken node",
+            )
             [stuck] = world.reservation_pods()
-            harness.wait_until(
+            polling.until_sync(
                 lambda: any(
                     event["reason"] == "ReservationTimedOut"
                     for event in harness.events_about(world.kubectl, RESERVATION_NS, stuck)
                 ),
+                timeout_s=harness.STEP_TIMEOUT_S,
                 what="the stuck reservation timed out",
             )
             world.kubectl("delete", "pod", "busy", "--wait=false")
-            harness.wait_until(
+            polling.until_sync(
                 lambda: world.running("default", "share"), timeout_s=30, what="the share placed elsewhere"
             )
             current = harness.pods(world.kubectl)["share"]
@@ -420,25 +459,31 @@ def test_a_reservation_deleted_before_its_share_started_is_made_again_and_the_sh
         world = World(emulator)
         try:
             harness.apply_objects(world.kubectl, tmp_path, "early", share_pod("early", {"gpu-fraction": "0.5"}))
-            harness.wait_until(lambda: harness.bound(harness.pods(world.kubectl)["early"]), what="the share bound")
+            polling.until_sync(
+                lambda: harness.bound(harness.pods(world.kubectl)["early"]),
+                timeout_s=harness.STEP_TIMEOUT_S,
+                what="the share bound",
+            )
             [first] = world.reservation_pods().values()
             assert world.pods_phase("early") == "Pending"
             world.kubectl("delete", "pod", "-n", RESERVATION_NS, first["metadata"]["name"], "--wait=false")
-            harness.wait_until(lambda: world.running("default", "early"), timeout_s=30, what="the share running")
+            polling.until_sync(lambda: world.running("default", "early"), timeout_s=30, what="the share running")
 
             def reserved_again() -> bool:
                 held = world.reservation_pods()
                 return any(
                     pod["metadata"]["uid"] != first["metadata"]["uid"]
-                    and reservations.UUID_ANNOTATION in pod["metadata"].get("annotations", {})
+                    and names.RESERVATION_UUID_ANNOTATION in pod["metadata"].get("annotations", {})
                     for pod in held.values()
                 )
 
-            harness.wait_until(reserved_again, what="a new reservation pod with its UUID")
+            polling.until_sync(
+                reserved_again, timeout_s=harness.STEP_TIMEOUT_S, what="a new reservation pod with its UUID"
+            )
             [second] = world.reservation_pods().values()
             assert (
                 world.visible_devices("default", "early")
-                == second["metadata"]["annotations"][reservations.UUID_ANNOTATION]
+                == second["metadata"]["annotations"][names.RESERVATION_UUID_ANNOTATION]
             )
             reasons = [event["reason"] for event in harness.events_about(world.kubectl, "default", "early")]
             assert "GpuReserved" in reasons and "GpuReservationLost" not in reasons

@@ -15,6 +15,7 @@ import pytest
 
 from agent.gpus.fake import FakeProcess, MemoryScript
 from common import quantities, subjects, wire
+from tests import polling
 from tests.e2e import harness
 from tests.e2e.telemetry_harness import GRACE_S, INTERVAL_S, TelemetryWorld, queue, share_pod, telemetry_world
 
@@ -52,13 +53,16 @@ def test_a_device_with_memory_of_no_pod_takes_no_new_share_says_why_in_numbers_a
     world: TelemetryWorld,
 ) -> None:
     world.apply("half", share_pod("half", fraction="0.5", node="gpu-stray", memory="4Gi"))
-    harness.wait_until(lambda: running(world, "half"), what="the 0.5 pod running on gpu-stray")
+    polling.until_sync(
+        lambda: running(world, "half"), timeout_s=harness.STEP_TIMEOUT_S, what="the 0.5 pod running on gpu-stray"
+    )
     # A process of no pod (another tenant, a zombie) takes 66 GiB: the device now shows 70 of 80 GiB used.
     world.nodes.fakes["gpu-stray"].probe.add_process(
         FakeProcess(pid=90_000, gpu_index=0, memory=MemoryScript(steps=((0, 66 * GIB),)))
     )
-    harness.wait_until(
+    polling.until_sync(
         lambda: alert_value(world, "UnattributedGpuMemory", node="gpu-stray", gpu="0") == 1.0,
+        timeout_s=harness.STEP_TIMEOUT_S,
         what="UnattributedGpuMemory on /metrics",
     )
     assert world.value("quotient_device_unattributed_gpu_memory_bytes", node="gpu-stray", gpu="0") == 66 * GIB
@@ -69,7 +73,7 @@ def test_a_device_with_memory_of_no_pod_takes_no_new_share_says_why_in_numbers_a
         notes = [str(event.get("message")) for event in harness.events_about(world.kubectl, "default", "late")]
         return any("held by a process of no pod" in note and "measured free" in note for note in notes)
 
-    harness.wait_until(says_why, what="the pending reason of the 0.4 pod, in numbers")
+    polling.until_sync(says_why, timeout_s=harness.STEP_TIMEOUT_S, what="the pending reason of the 0.4 pod, in numbers")
     pod = world.pod("late")
     assert pod is not None and not harness.bound(pod)
     note = next(
@@ -88,7 +92,9 @@ def test_a_share_that_outgrows_its_allotment_alerts_three_ways_and_clears_when_i
     world: TelemetryWorld,
 ) -> None:
     world.apply("neighbour", share_pod("neighbour", fraction="0.25", node="gpu-alert", memory="4Gi"))
-    harness.wait_until(lambda: running(world, "neighbour"), what="the neighbour running")
+    polling.until_sync(
+        lambda: running(world, "neighbour"), timeout_s=harness.STEP_TIMEOUT_S, what="the neighbour running"
+    )
     world.apply("grower", share_pod("grower", fraction="0.25", node="gpu-alert", memory="2Gi@0s,30Gi@2s,6Gi@7s"))
     labels = {"namespace": "default", "pod": "grower", "node": "gpu-alert", "gpu": "0"}
     over_at: list[float] = []
@@ -99,7 +105,7 @@ def test_a_share_that_outgrows_its_allotment_alerts_three_ways_and_clears_when_i
             over_at.append(time.monotonic())
         return alert_value(world, "GpuMemoryOverconsumption", pod="grower") == 1.0
 
-    harness.wait_until(fired, timeout_s=30, what="GpuMemoryOverconsumption on /metrics")
+    polling.until_sync(fired, timeout_s=30, what="GpuMemoryOverconsumption on /metrics")
     fired_at = time.monotonic()
     if over_at:
         print(
@@ -116,25 +122,27 @@ def test_a_share_that_outgrows_its_allotment_alerts_three_ways_and_clears_when_i
             for event in harness.events_about(world.kubectl, "default", "grower")
         )
 
-    harness.wait_until(warned, what="a Warning Event on the pod")
-    harness.wait_until(
+    polling.until_sync(warned, timeout_s=harness.STEP_TIMEOUT_S, what="a Warning Event on the pod")
+    polling.until_sync(
         lambda: any(r.alert.pod_name == "grower" for r in world.listener.received()),
+        timeout_s=harness.STEP_TIMEOUT_S,
         what="the Alert on quotient.v1.alerts.GpuMemoryOverconsumption",
     )
     alert = next(r for r in world.listener.received() if r.alert.pod_name == "grower")
     assert alert.subject == subjects.alert("GpuMemoryOverconsumption")
     assert alert.alert.state is wire.AlertState.FIRING and alert.alert.allotted_bytes == 20 * GIB
     assert alert.alert.labels.get("neighbours") == "default/neighbour"
-    harness.wait_until(
+    polling.until_sync(
         lambda: alert_value(world, "GpuMemoryOverconsumption", pod="grower") is None,
         timeout_s=20,
         what="the alert clearing once the pod is back under",
     )
-    harness.wait_until(
+    polling.until_sync(
         lambda: any(
             r.alert.pod_name == "grower" and r.alert.state is wire.AlertState.RESOLVED
             for r in world.listener.received()
         ),
+        timeout_s=harness.STEP_TIMEOUT_S,
         what="the resolved Alert on NATS",
     )
     assert running(world, "grower") and running(world, "neighbour")
@@ -145,16 +153,17 @@ def test_under_the_evict_policy_of_its_queue_the_pod_over_its_share_is_evicted_a
 ) -> None:
     world.apply("evictors", queue("evictors", annotations={"quotient.dev/overuse-policy": "evict"}))
     world.apply("calm", share_pod("calm", fraction="0.25", node="gpu-evict", memory="4Gi", queue="evictors"))
-    harness.wait_until(lambda: running(world, "calm"), what="the calm pod running")
+    polling.until_sync(lambda: running(world, "calm"), timeout_s=harness.STEP_TIMEOUT_S, what="the calm pod running")
     calm_uid = (world.pod("calm") or {})["metadata"]["uid"]
     world.apply("hog", share_pod("hog", fraction="0.25", node="gpu-evict", memory="2Gi@0s,40Gi@1s", queue="evictors"))
-    harness.wait_until(lambda: running(world, "hog"), what="the hog running")
+    polling.until_sync(lambda: running(world, "hog"), timeout_s=harness.STEP_TIMEOUT_S, what="the hog running")
     hog_uid = (world.pod("hog") or {})["metadata"]["uid"]
-    harness.wait_until(lambda: world.pod("hog") is None, timeout_s=30, what="the hog evicted")
+    polling.until_sync(lambda: world.pod("hog") is None, timeout_s=30, what="the hog evicted")
     calm = world.pod("calm")
     assert calm is not None and calm["metadata"]["uid"] == calm_uid and running(world, "calm")
-    harness.wait_until(
+    polling.until_sync(
         lambda: any(d.pod_uid == hog_uid and d.action is wire.DecisionAction.EVICT for d in world.listener.decisions()),
+        timeout_s=harness.STEP_TIMEOUT_S,
         what="the eviction's Decision",
     )
     decision = next(
@@ -193,15 +202,20 @@ def test_nats_down_means_stale_telemetry_and_scheduling_by_requests_and_garbage_
 ) -> None:
     world.nats.stop()
     try:
-        harness.wait_until(
+        polling.until_sync(
             lambda: alert_value(world, "TelemetryStale", node="gpu-free") == 1.0,
+            timeout_s=harness.STEP_TIMEOUT_S,
             what="TelemetryStale on /metrics while NATS is down",
         )
         world.apply("during", share_pod("during", fraction="0.25", node="gpu-free", memory="1Gi"))
-        harness.wait_until(lambda: running(world, "during"), what="a pod placed by requests while NATS is down")
+        polling.until_sync(
+            lambda: running(world, "during"),
+            timeout_s=harness.STEP_TIMEOUT_S,
+            what="a pod placed by requests while NATS is down",
+        )
     finally:
         world.nats.start()
-    harness.wait_until(
+    polling.until_sync(
         lambda: (
             alert_value(world, "TelemetryStale", node="gpu-free") is None
             and (world.value("quotient_node_telemetry_age_seconds", node="gpu-free") or 99) < 2
@@ -245,12 +259,17 @@ def test_nats_down_means_stale_telemetry_and_scheduling_by_requests_and_garbage_
         return {reason: world.value("quotient_telemetry_rejected_total", reason=reason) or 0 for reason in expected}
 
     try:
-        harness.wait_until(lambda: all(counted().values()), what="every kind of bad message counted on /metrics")
+        polling.until_sync(
+            lambda: all(counted().values()),
+            timeout_s=harness.STEP_TIMEOUT_S,
+            what="every kind of bad message counted on /metrics",
+        )
     finally:
         print("rejected on /metrics:", counted())
     # 20 rounds of four kinds of malformed message at least (repeats of the forged one count as duplicates).
-    harness.wait_until(
+    polling.until_sync(
         lambda: (world.value("quotient_telemetry_messages_total", outcome="rejected") or 0) >= rejected_before + 80,
+        timeout_s=harness.STEP_TIMEOUT_S,
         what="the rejected messages counted",
     )
     assert world.scheduler.process.poll() is None
@@ -285,7 +304,7 @@ def test_a_flood_of_unknown_nodes_and_oversized_messages_leaves_the_scheduler_me
         if i % 3 == 0:
             flood.append((subjects.telemetry("gpu-free"), b"\x91" * (1024 * 1024 - 64)))
     world.publish_many(flood)
-    harness.wait_until(
+    polling.until_sync(
         lambda: dropped() >= counted_before + 900,
         timeout_s=60,
         what="the big garbage messages counted",

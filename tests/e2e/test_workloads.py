@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from quotient.emulator.emulator import EmulatorThread
+from tests import polling
 from tests.e2e import harness
-from tests.e2e.harness import BindLedger, Kubectl, SchedulerProcess
+from tests.e2e.harness import World
 
 pytestmark = pytest.mark.integration
 
@@ -25,32 +25,11 @@ TENANT_NAMESPACE = "vcluster-team-a"
 VCLUSTER = "team-a"
 
 
-class World:
-    """One fresh emulated cluster with the scheduler, kubectl and a ledger of bindings."""
-
-    def __init__(self, emulator: EmulatorThread, directory: Path) -> None:
-        self.emulator = emulator
-        self.directory = directory
-        self.kubectl = Kubectl(emulator.url)
-        self.ledger = BindLedger(emulator)
-        self.scheduler = SchedulerProcess(emulator.url)
-
-    def close(self) -> None:
-        self.scheduler.close()
-        self.ledger.close()
-        self.kubectl.close()
-
-
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[World]:
-    with harness.cluster("1x4xA100-80GB") as emulator:
-        current = World(emulator, tmp_path)
-        try:
-            yield current
-        finally:
-            # pytest shows a test's captured output only when it fails: the log is there exactly then.
-            print(current.scheduler.log()[-8000:])
-            current.close()
+    with harness.world("1x4xA100-80GB", tmp_path) as current:
+        current.scheduler(identity="sched-a")
+        yield current
 
 
 def _vcluster_service() -> dict[str, Any]:
@@ -118,7 +97,7 @@ def test_the_vcluster_guide_pods_bind_in_default_queue_each_in_a_group_of_its_ow
         current = harness.pods(kubectl, TENANT_NAMESPACE)
         return all(harness.bound(current.get(name, {})) for name in names)
 
-    harness.wait_until(all_bound, what="the vCluster guide's pods bound")
+    polling.until_sync(all_bound, timeout_s=harness.STEP_TIMEOUT_S, what="the vCluster guide's pods bound")
     current = harness.pods(kubectl, TENANT_NAMESPACE)
     groups = {
         item["metadata"]["name"]: item for item in kubectl.json("get", "podgroups", "-n", TENANT_NAMESPACE)["items"]
@@ -145,7 +124,7 @@ def test_the_vcluster_guide_pods_bind_in_default_queue_each_in_a_group_of_its_ow
         }
 
     if set_owner:
-        harness.wait_until(
+        polling.until_sync(
             lambda: all(
                 any(f"Service/{VCLUSTER}" in message for message in messages)
                 for messages in own_group_events().values()
@@ -195,7 +174,11 @@ def _pytorchjob(name: str, *, workers: int) -> dict[str, Any]:
 def test_a_pytorchjob_that_needs_one_gpu_more_than_is_free_waits_whole_then_binds_whole(world: World) -> None:
     kubectl = world.kubectl
     harness.apply_objects(kubectl, world.directory, "blocker", harness.gpu_pod("blocker"))
-    harness.wait_until(lambda: harness.bound(harness.pods(kubectl).get("blocker", {})), what="the blocker bound")
+    polling.until_sync(
+        lambda: harness.bound(harness.pods(kubectl).get("blocker", {})),
+        timeout_s=harness.STEP_TIMEOUT_S,
+        what="the blocker bound",
+    )
 
     harness.apply_objects(kubectl, world.directory, "job", _pytorchjob("ddp", workers=4))
     members = ("ddp-master-0", *(f"ddp-worker-{index}" for index in range(4)))
@@ -213,11 +196,13 @@ def test_a_pytorchjob_that_needs_one_gpu_more_than_is_free_waits_whole_then_bind
         conditions = ((group or {}).get("status") or {}).get("schedulingConditions") or []
         return any(condition.get("reason") == "GangDoesNotFit" for condition in conditions)
 
-    harness.wait_until(gang_does_not_fit, what="GangDoesNotFit on the PyTorchJob's PodGroup")
+    polling.until_sync(
+        gang_does_not_fit, timeout_s=harness.STEP_TIMEOUT_S, what="GangDoesNotFit on the PyTorchJob's PodGroup"
+    )
     group = podgroup()
     assert group is not None and group["spec"]["minMember"] == 5
     print("waiting:", group["status"]["schedulingConditions"])
-    harness.wait_until(
+    polling.until_sync(
         lambda: any(
             event["reason"] == "Unschedulable" and "GangDoesNotFit" in event["message"]
             for event in harness.events_about(kubectl, "default", "ddp-worker-0")
@@ -237,12 +222,12 @@ def test_a_pytorchjob_that_needs_one_gpu_more_than_is_free_waits_whole_then_bind
         current = harness.pods(kubectl)
         return all(harness.bound(current.get(name, {})) for name in members)
 
-    harness.wait_until(all_bound, what="the whole gang bound once the GPU freed")
+    polling.until_sync(all_bound, timeout_s=harness.STEP_TIMEOUT_S, what="the whole gang bound once the GPU freed")
     current = harness.pods(kubectl)
     devices = sorted(
         current[f"ddp-worker-{index}"]["metadata"]["annotations"]["quotient.dev/gpu-devices"] for index in range(4)
     )
     assert devices == ["0", "1", "2", "3"]
     # Once bound, the group no longer says it does not fit.
-    harness.wait_until(lambda: not gang_does_not_fit(), timeout_s=10, what="GangDoesNotFit cleared from the PodGroup")
+    polling.until_sync(lambda: not gang_does_not_fit(), timeout_s=10, what="GangDoesNotFit cleared from the PodGroup")
     world.ledger.assert_each_bound_once()
