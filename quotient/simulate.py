@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import IO, TypedDict
 
 from common.errors import ClusterSpecError
-from scheduler.sim import experiment, openb, policies, variants, workload
+from scheduler.sim import experiment, openb, policies, variants, workload, workloadreport
 
 SEEDS_DEFAULT = "42-51"
 _BAR_WIDTH = 30
@@ -364,7 +364,7 @@ def _workload(args: argparse.Namespace) -> int:
     except ClusterSpecError as exc:
         print(f"quotient simulate: {exc}", file=sys.stderr)
         return 2
-    workload.print_report(report, out=sys.stdout)
+    workloadreport.print_report(report, out=sys.stdout)
     if args.json_out is not None:
-        args.json_out.write_text(json.dumps(workload.report_json(report), indent=1) + "\n")
+        args.json_out.write_text(json.dumps(workloadreport.report_json(report), indent=1) + "\n")
     return 0

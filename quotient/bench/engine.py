@@ -29,6 +29,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from common import names
 from common.resources import Resources
 from scheduler.placement import applying, engine, model
 
@@ -64,7 +65,7 @@ def _node(index: int, gpus: int) -> model.Node:
     return model.Node(
         name=name,
         allocatable=Resources(milli_cpu=128_000, memory_bytes=1024 * GIB, milli_gpu=gpus * 1000, pods=110),
-        labels={model.GPU_PRODUCT_LABEL: "NVIDIA-A100-SXM4-80GB", "kubernetes.io/hostname": name},
+        labels={names.GPU_PRODUCT_LABEL: "NVIDIA-A100-SXM4-80GB", "kubernetes.io/hostname": name},
         devices=tuple(
             model.Device(
                 index=device,

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from common import logs, quantities
+from common.resources import Resources
 from scheduler.kube import client
 from scheduler.kube.errors import KubeError, KubeNotFound
 from scheduler.placement import model, plan, status
@@ -45,6 +46,10 @@ def resource_list(amounts: Sequence[int]) -> dict[str, str]:
         "cpu": f"{cpu}m" if cpu % 1000 else str(cpu // 1000),
         "memory": quantities.format_bytes_quantity(memory),
     }
+
+
+def _triple(amounts: Resources) -> tuple[int, int, int]:
+    return (amounts.milli_gpu, amounts.milli_cpu, amounts.memory_bytes)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,7 +86,7 @@ def queue_statuses(
     for group in snapshot.groups.values():
         for pod in group.members:
             amounts = (
-                plan.pod_amounts(pod)
+                _triple(plan.pod_amounts(pod))
                 if pod.is_active
                 else (
                     pod.requests.milli_gpu + (pod.share.milli_gpu * pod.share.devices if pod.share else 0),

@@ -1,7 +1,8 @@
 """The actions of one cycle, in the configured order, and the status of every group left pending.
 
-``Cycle`` lives only while ``engine.Engine.run`` runs. Allocate serves leaf queues in fair-share order
-(``ordering.QueueOrder``; the order is recomputed only after something was placed, since a failure changes no
+``Cycle`` lives only while ``engine.Engine.run`` runs; it reads the engine's caches it is handed (the groups'
+``roster.Roster``, the ``search.Searcher``), never the engine itself. Allocate serves leaf queues in fair-share
+order (``ordering.QueueOrder``; the order is recomputed only after something was placed, since a failure changes no
 queue's standing) and inside a queue groups by priority then age; each group's minimum is one transaction on the
 ``Draft``; elastic extras come after every minimum. Consolidate, reclaim and preempt then work on the groups whose
 minimum did not fit (``evictions``); stale-gang eviction looks at running gangs below their minimum.
@@ -14,12 +15,23 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
-from scheduler.placement import decisions, diagnosis, evictions, fairshare, gangs, model, ordering, plan, search, status
-
-if TYPE_CHECKING:
-    from scheduler.placement import engine
+from common.resources import Resources
+from scheduler.placement import (
+    decisions,
+    diagnosis,
+    evictions,
+    fairshare,
+    gangs,
+    model,
+    ordering,
+    plan,
+    roommaking,
+    roster,
+    search,
+    shapes,
+    status,
+)
 
 
 @dataclasses.dataclass(slots=True)
@@ -28,7 +40,7 @@ class Failed:
 
     group: model.Group
     minimum: tuple[model.Pod, ...]
-    amounts: plan.Amounts
+    amounts: Resources
     failure: gangs.Failure
 
 
@@ -37,39 +49,38 @@ class Cycle:
 
     def __init__(
         self,
-        engine: engine.Engine,
+        *,
         snapshot: model.Snapshot,
         draft: plan.Draft,
         tree: fairshare.Tree,
         shares: Mapping[model.QueueName, fairshare.Share],
+        groups: roster.Roster,
+        searcher: search.Searcher,
+        offered: Resources,
+        never_key: tuple[int, int],
     ) -> None:
-        self.engine = engine
+        """``offered`` is what the cluster offers our queues; ``never_key`` what a ``NeverFits`` verdict depends on
+        (the nodes' and the queues' versions)."""
         self.snapshot = snapshot
         self.draft = draft
         self.tree = tree
         self.shares = shares
-        self.searcher = engine.searcher
+        self.roster = groups
+        self.searcher = searcher
         self.statuses: dict[model.GroupId, status.Status] = {}
         self.failed: list[Failed] = []
         self.elastic_waiting: list[tuple[model.Group, model.Pod]] = []
-        self.summaries: dict[search.Shape, tuple[str, bool]] = {}
-        self.scene: evictions.Scene | None = None
-        self.shapes: dict[model.PodUid, search.Shape] = {}
-        pending = set(engine.pending_queues())
+        self.summaries: dict[shapes.Shape, tuple[str, bool]] = {}
+        self.scene: roommaking.Scene | None = None
+        self.pod_shapes: dict[model.PodUid, shapes.Shape] = {}
+        pending = set(groups.pending_queues())
         self.leaves = [name for name in tree.depth_first() if tree.is_leaf(name) and name in pending]
-        self.never_key = engine.never_key()
-        self.reference = engine.reference_memory
-        self.order = self._new_order()
-        self.explained: dict[search.Shape, tuple[status.Reason, str]] = {}
-
-    def _new_order(self) -> ordering.QueueOrder:
-        return ordering.QueueOrder(
-            queue_tree=self.tree,
-            shares=self.shares,
-            usage=self.draft.usage,
-            capacity=self.engine.offered,
-            leaves=self.leaves,
+        self.never_key = never_key
+        self.reference = groups.reference_memory
+        self.order = ordering.QueueOrder(
+            queue_tree=tree, shares=shares, usage=draft.usage, capacity=offered, leaves=self.leaves
         )
+        self.explained: dict[shapes.Shape, tuple[status.Reason, str]] = {}
 
     def run(self) -> plan.Plan:
         self._reject_homeless()
@@ -92,52 +103,50 @@ class Cycle:
 
     def _reject_homeless(self) -> None:
         """Groups whose queue does not exist, or is not a leaf, get their status and are not tried."""
-        engine = self.engine
-        for queue in engine.pending_queues():
+        for queue in self.roster.pending_queues():
             if queue in self.tree.queues and self.tree.is_leaf(queue):
                 continue
-            for group in engine.pending_groups(queue):
+            for group in self.roster.pending_groups(queue):
                 if queue not in self.tree.queues:
                     message = f"queue {queue} does not exist"
                 else:
                     message = f"queue {queue} is a parent queue; only leaf queues take workloads"
                 self.statuses[group.id] = status.unschedulable(status.Reason.QUEUE_DOES_NOT_EXIST, message)
 
-    def _shape(self, pod: model.Pod) -> search.Shape:
-        found = self.shapes.get(pod.uid)
+    def _shape(self, pod: model.Pod) -> shapes.Shape:
+        found = self.pod_shapes.get(pod.uid)
         if found is None:
-            found = self.engine.shape(pod)
-            self.shapes[pod.uid] = found
+            found = self.roster.shape(pod)
+            self.pod_shapes[pod.uid] = found
         return found
 
     def _allocate(self) -> None:
-        engine = self.engine
+        groups = self.roster
         order = self.order
         pointers = dict.fromkeys(self.leaves, 0)
         extras: list[tuple[model.Group, tuple[model.Pod, ...]]] = []
         # Room made by evictions in earlier cycles goes to the groups it was made for, before anybody else.
-        first = [group for group in engine.nominated_groups() if group.queue in pointers]
+        first = [group for group in groups.nominated_groups() if group.queue in pointers]
         for group in first:
             self._allocate_group(group, extras)
         done = {group.id for group in first}
         leaf = order.next()
         while leaf is not None:
-            groups = engine.pending_groups(leaf)
+            waiting = groups.pending_groups(leaf)
             position = pointers[leaf]
-            while position < len(groups):
-                group = groups[position]
+            while position < len(waiting):
+                group = waiting[position]
                 position += 1
                 if group.id not in done and self._allocate_group(group, extras):
                     break
             pointers[leaf] = position
-            if position >= len(groups):
+            if position >= len(waiting):
                 order.exhausted(leaf)
             leaf = order.next()
         self._place_extras(extras)
 
     def _allocate_group(self, group: model.Group, extras: list[tuple[model.Group, tuple[model.Pod, ...]]]) -> bool:
         """Try a group's minimum; True when something was placed (the queue order may have changed)."""
-        engine = self.engine
         needs = gangs.needs(group)
         if needs.missing:
             pods = len(group.members)
@@ -152,12 +161,12 @@ class Cycle:
                 extras.append((group, needs.extras))
             return False
         minimum = needs.minimum
-        shapes = {pod.uid: self._shape(pod) for pod in minimum}
+        pod_shapes = {pod.uid: self._shape(pod) for pod in minimum}
         amounts = gangs.total(minimum, self.reference)
         chain = self.tree.ancestors(group.queue)
-        never = engine.never.get(group.id)
-        if never is not None and never[0] is group and never[1] == self.never_key:
-            self.statuses[group.id] = never[2]
+        never = self.roster.never.get(group.id)
+        if never is not None and never.group is group and never.key == self.never_key:
+            self.statuses[group.id] = never.status
             return False
         verdict = gangs.never_fits(
             group=group,
@@ -166,10 +175,10 @@ class Cycle:
             chain=chain,
             queues=self.tree.queues,
             searcher=self.searcher,
-            shapes=shapes,
+            pod_shapes=pod_shapes,
         )
         if verdict is not None:
-            engine.never[group.id] = (group, self.never_key, verdict)
+            self.roster.never[group.id] = roster.NeverFits(group=group, key=self.never_key, status=verdict)
             self.statuses[group.id] = verdict
             return False
         checked = gangs.queue_check(
@@ -193,7 +202,7 @@ class Cycle:
         self,
         group: model.Group,
         pods: Sequence[model.Pod],
-        amounts: plan.Amounts,
+        amounts: Resources,
         chain: Sequence[model.QueueName],
     ) -> gangs.Failure | status.Status | None:
         """Place ``pods`` as one transaction; a gpu-memory share is checked against the limits once its device, and
@@ -202,21 +211,23 @@ class Cycle:
         for pod in pods:
             self._shape(pod)
         start = draft.checkpoint()
-        failure = gangs.try_place(draft=draft, searcher=self.searcher, group=group, pods=pods, shapes=self.shapes)
+        failure = gangs.try_place(
+            draft=draft, searcher=self.searcher, group=group, pods=pods, pod_shapes=self.pod_shapes
+        )
         if failure is not None or not any(pod.share is not None and pod.share.memory_bytes for pod in pods):
             return failure
         actual = sum(
-            sum(placement.share_milli) or len(placement.devices) * 1000
+            sum(placement.share_milli) or len(placement.devices) * model.MILLI_GPU_PER_DEVICE
             for placement in draft.placements[start.placements :]
         )
-        if actual <= amounts[0]:
+        if actual <= amounts.milli_gpu:
             return None
         draft.rollback(start)
-        real = (actual, amounts[1], amounts[2])
+        real = dataclasses.replace(amounts, milli_gpu=actual)
         checked = gangs.queue_check(group=group, amounts=real, chain=chain, queues=self.tree.queues, usage=draft.usage)
         if checked is not None:
             return checked
-        return gangs.try_place(draft=draft, searcher=self.searcher, group=group, pods=pods, shapes=self.shapes)
+        return gangs.try_place(draft=draft, searcher=self.searcher, group=group, pods=pods, pod_shapes=self.pod_shapes)
 
     def _place_extras(self, extras: Sequence[tuple[model.Group, tuple[model.Pod, ...]]]) -> None:
         """Elastic members beyond the minimum, after every minimum, each on its own."""
@@ -240,17 +251,17 @@ class Cycle:
 
     # --- consolidate, reclaim, preempt ---------------------------------------------------------------------------
 
-    def _scene(self) -> evictions.Scene:
+    def _scene(self) -> roommaking.Scene:
         if self.scene is not None:
             return self.scene
-        self.scene = evictions.Scene(
+        self.scene = roommaking.Scene(
             snapshot=self.snapshot,
             draft=self.draft,
             searcher=self.searcher,
-            shapes=self.shapes,
+            pod_shapes=self.pod_shapes,
             order=self.order,
             tree=self.tree,
-            running=self.engine.running_groups(),
+            running=self.roster.running_groups(),
         )
         return self.scene
 
@@ -278,7 +289,7 @@ class Cycle:
                 self.statuses[group.id] = evictions.waiting_status(reason, group, self.draft)
 
     def _stale_gangs(self) -> None:
-        stale = self.engine.stale_groups()
+        stale = self.roster.stale_groups()
         if stale:
             evictions.stale_gangs(self._scene(), stale)
 
@@ -292,7 +303,7 @@ class Cycle:
             self.explained[shape] = found
         return found
 
-    def _summary(self, shape: search.Shape) -> tuple[str, bool]:
+    def _summary(self, shape: shapes.Shape) -> tuple[str, bool]:
         """What is free for a pod of this shape in all, and whether one such pod alone would fit (end of cycle)."""
         found = self.summaries.get(shape)
         if found is None:
@@ -314,29 +325,30 @@ class Cycle:
         usage = self.draft.usage.allocated
         held = usage[group.queue]
         fair = self.order.fair(group.queue)
-        everyone = [sum(usage[root][index] for root in self.tree.roots) for index in range(3)]
+        everyone = sum((usage[root] for root in self.tree.roots), model.ZERO)
         # Over quota only means something when others hold part of the cluster: alone, the queue is just short.
         over = [
-            index
-            for index in range(3)
-            if failed.amounts[index] > 0
-            and held[index] >= fair[index]
-            and everyone[index] > held[index]
+            kind
+            for kind in fairshare.KINDS
+            if fairshare.amount(failed.amounts, kind) > 0
+            and fairshare.amount(held, kind) >= fairshare.amount(fair, kind)
+            and fairshare.amount(everyone, kind) > fairshare.amount(held, kind)
             and reason is not status.Reason.NO_NODE_FITS
         ]
         if over:
-            index = over[0]
+            kind = over[0]
             return status.unschedulable(
                 status.Reason.OVER_QUOTA,
-                f"queue {group.queue} holds {status.amount_text(index, held[index])} of "
-                f"{status.RESOURCE_NAMES[index]}, at or over its fair share of "
-                f"{status.amount_text(index, fair[index])}: it runs on spare room only, and there is none for "
-                f"{pod_text}: {text}",
+                f"queue {group.queue} holds {status.amount_text(kind, fairshare.amount(held, kind))} of "
+                f"{kind.value}, at or over its fair share of "
+                f"{status.amount_text(kind, fairshare.amount(fair, kind))}: it runs on spare room only, and there "
+                f"is none for {pod_text}: {text}",
             )
         if len(failed.minimum) > 1:
             summary, alone = self._summary(shape)
             detail = summary if alone else f"{summary}; {pod_text}: {text}"
-            needs = f", {status.amount_text(0, failed.amounts[0])} in all" if failed.amounts[0] > 0 else ""
+            gpu = failed.amounts.milli_gpu
+            needs = f", {status.amount_text(fairshare.Kind.GPU, gpu)} in all" if gpu > 0 else ""
             return status.unschedulable(
                 status.Reason.GANG_DOES_NOT_FIT,
                 f"gang of {len(failed.minimum)} pods must start together (minMember {group.min_member}{needs}), "

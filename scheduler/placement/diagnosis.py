@@ -8,10 +8,10 @@ device with the most room), so explaining does not scan every node, except for C
 from __future__ import annotations
 
 from common import quantities
-from scheduler.placement import capacity, devices, model, search, status
+from scheduler.placement import capacity, fairshare, model, nodework, search, shapes, status
 
 
-def explain(searcher: search.Searcher, shape: search.Shape) -> tuple[status.Reason, str]:
+def explain(searcher: search.Searcher, shape: shapes.Shape) -> tuple[status.Reason, str]:
     """Why a pod of ``shape`` fits nowhere now: ``NoNodeFits`` (filters, CPU, memory, pod slots) or ``NoGpuFits``."""
     cap = searcher.capacity
     eligible = searcher.eligible(shape.constraints)
@@ -28,7 +28,7 @@ def explain(searcher: search.Searcher, shape: search.Shape) -> tuple[status.Reas
     return status.Reason.NO_NODE_FITS, "best candidate " + _basics_text(best, shape, pods=shape.pods)
 
 
-def _filters_text(searcher: search.Searcher, shape: search.Shape) -> str:
+def _filters_text(searcher: search.Searcher, shape: shapes.Shape) -> str:
     cap = searcher.capacity
     counts: dict[str, int] = {}
     for cls, index in enumerate(cap.classes):
@@ -42,12 +42,11 @@ def _filters_text(searcher: search.Searcher, shape: search.Shape) -> str:
     return "no node passes the filters; " + "; ".join(parts)
 
 
-def _basics_text(work: capacity.NodeWork, shape: search.Shape, *, pods: int) -> str:
+def _basics_text(work: nodework.NodeWork, shape: shapes.Shape, *, pods: int) -> str:
     missing: list[str] = []
     if work.free_cpu < shape.milli_cpu:
-        missing.append(
-            f"{status.amount_text(1, max(0, work.free_cpu))} free, {status.amount_text(1, shape.milli_cpu)} requested"
-        )
+        free = status.amount_text(fairshare.Kind.CPU, max(0, work.free_cpu))
+        missing.append(f"{free} free, {status.amount_text(fairshare.Kind.CPU, shape.milli_cpu)} requested")
     if work.free_mem < shape.memory_bytes:
         missing.append(
             f"{quantities.format_bytes(max(0, work.free_mem))} memory free, "
@@ -58,7 +57,7 @@ def _basics_text(work: capacity.NodeWork, shape: search.Shape, *, pods: int) -> 
     return f"{work.name}: " + ("; ".join(missing) if missing else "fits now")
 
 
-def _explain_whole(cap: capacity.Capacity, shape: search.Shape, eligible: tuple[int, ...]) -> tuple[status.Reason, str]:
+def _explain_whole(cap: capacity.Capacity, shape: shapes.Shape, eligible: tuple[int, ...]) -> tuple[status.Reason, str]:
     # A node with enough free devices that lacks CPU, memory or slots is the most useful thing to name.
     for count in sorted({count for cls in eligible for count in cap.classes[cls].whole}):
         if count < shape.whole_gpus:
@@ -85,14 +84,14 @@ def _explain_whole(cap: capacity.Capacity, shape: search.Shape, eligible: tuple[
     return status.Reason.NO_GPU_FITS, text
 
 
-def _explain_share(cap: capacity.Capacity, shape: search.Shape, eligible: tuple[int, ...]) -> tuple[status.Reason, str]:
+def _explain_share(cap: capacity.Capacity, shape: shapes.Shape, eligible: tuple[int, ...]) -> tuple[status.Reason, str]:
     share = shape.share
     assert share is not None
     best: tuple[int, int, int] | None = None  # (room minus need, -order, -device)
     for cls in eligible:
         for order in _share_candidates(cap, cls, share):
             work = cap.by_order[order]
-            per_device = devices.share_on_each(share, work)
+            per_device = work.share_on_each(share)
             for device, free in enumerate(work.dev_free):
                 if work.dev_group[device] is None and not work.dev_whole[device]:
                     continue
@@ -103,7 +102,7 @@ def _explain_share(cap: capacity.Capacity, shape: search.Shape, eligible: tuple[
         return status.Reason.NO_GPU_FITS, "no GPU is free or shared on any node the pod may use"
     work = cap.by_order[-best[1]]
     device = -best[2]
-    need = devices.share_on_each(share, work)[device]
+    need = work.share_on_each(share)[device]
     if work.dev_free[device] >= need:
         text = _basics_text(work, shape, pods=shape.pods + (0 if work.dev_group[device] else 1))
         return status.Reason.NO_NODE_FITS, f"best candidate {text} (gpu {device} has room)"
@@ -122,7 +121,7 @@ def _explain_share(cap: capacity.Capacity, shape: search.Shape, eligible: tuple[
     return status.Reason.NO_GPU_FITS, text
 
 
-def free_summary(searcher: search.Searcher, shape: search.Shape) -> str:
+def free_summary(searcher: search.Searcher, shape: shapes.Shape) -> str:
     """How much of what the pod needs is free in all, over the nodes it may use (for gang messages)."""
     cap = searcher.capacity
     works = [cap.by_order[order] for cls in searcher.eligible(shape.constraints) for order in cap.classes[cls].members]
@@ -136,7 +135,7 @@ def free_summary(searcher: search.Searcher, shape: search.Shape) -> str:
         free = sum(sum(work.dev_free) for work in works)
         return f"{quantities.format_milli_gpu(free)} of GPU shares free on {len(works)} node(s) it may use"
     cpu = sum(max(0, work.free_cpu) for work in works)
-    return f"{status.amount_text(1, cpu)} free on {len(works)} node(s) it may use"
+    return f"{status.amount_text(fairshare.Kind.CPU, cpu)} free on {len(works)} node(s) it may use"
 
 
 def _share_candidates(cap: capacity.Capacity, cls: int, share: model.GpuShare) -> list[int]:
@@ -149,7 +148,7 @@ def _share_candidates(cap: capacity.Capacity, cls: int, share: model.GpuShare) -
     return sorted(found)
 
 
-def gpu_model_hint(shape: search.Shape) -> str:
+def gpu_model_hint(shape: shapes.Shape) -> str:
     models = shape.constraints.gpu_models
     return f" (GPU model {', '.join(models)})" if models else ""
 

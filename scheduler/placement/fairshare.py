@@ -55,14 +55,6 @@ def setting(queue: model.Queue, kind: Kind) -> model.QueueResource:
     return queue.memory
 
 
-def resources_of(amounts: Mapping[Kind, int]) -> Resources:
-    return Resources(
-        milli_gpu=amounts.get(Kind.GPU, 0),
-        milli_cpu=amounts.get(Kind.CPU, 0),
-        memory_bytes=amounts.get(Kind.MEMORY, 0),
-    )
-
-
 def limit_of(resource: model.QueueResource, requested: int) -> int:
     """The cap a limit sets: requested-or-more for -1 (no cap), else the limit (0: nothing)."""
     return requested if resource.limit == model.UNLIMITED else resource.limit
@@ -185,57 +177,52 @@ def divide(
     here. ``capacity`` is what the cluster offers to all root queues together.
     """
     totals = subtree_requests(queue_tree, requested)
-    deserved: dict[model.QueueName, dict[Kind, int]] = {name: {} for name in queue_tree.queues}
-    fair: dict[model.QueueName, dict[Kind, int]] = {name: {} for name in queue_tree.queues}
-    for kind in KINDS:
-        _divide_level(
-            queue_tree=queue_tree,
-            siblings=queue_tree.roots,
-            available=amount(capacity, kind),
-            kind=kind,
-            totals=totals,
-            deserved=deserved,
-            fair=fair,
-        )
+    gpu = _Division(queue_tree, totals=totals, kind=Kind.GPU, available=capacity.milli_gpu)
+    cpu = _Division(queue_tree, totals=totals, kind=Kind.CPU, available=capacity.milli_cpu)
+    memory = _Division(queue_tree, totals=totals, kind=Kind.MEMORY, available=capacity.memory_bytes)
     return {
-        name: Share(deserved=resources_of(deserved[name]), fair=resources_of(fair[name]), requested=totals[name])
+        name: Share(
+            deserved=Resources(
+                milli_gpu=gpu.deserved[name], milli_cpu=cpu.deserved[name], memory_bytes=memory.deserved[name]
+            ),
+            fair=Resources(milli_gpu=gpu.fair[name], milli_cpu=cpu.fair[name], memory_bytes=memory.fair[name]),
+            requested=totals[name],
+        )
         for name in queue_tree.queues
     }
 
 
-def _divide_level(
-    *,
-    queue_tree: Tree,
-    siblings: Sequence[model.QueueName],
-    available: int,
-    kind: Kind,
-    totals: Mapping[model.QueueName, Resources],
-    deserved: dict[model.QueueName, dict[Kind, int]],
-    fair: dict[model.QueueName, dict[Kind, int]],
-) -> None:
-    requests = [amount(totals[name], kind) for name in siblings]
-    settings = [setting(queue_tree.queues[name], kind) for name in siblings]
-    shares = split(
-        available=available,
-        wants=[deserved_want(s, r) for s, r in zip(settings, requests, strict=True)],
-        caps=[capped_demand(s, r) for s, r in zip(settings, requests, strict=True)],
-        priorities=[queue_tree.queues[name].priority for name in siblings],
-        weights=[s.over_quota_weight for s in settings],
-    )
-    for name, (given, share) in zip(siblings, shares, strict=True):
-        deserved[name][kind] = given
-        fair[name][kind] = share
-        children = queue_tree.children.get(name, ())
-        if children:
-            _divide_level(
-                queue_tree=queue_tree,
-                siblings=children,
-                available=share,
-                kind=kind,
-                totals=totals,
-                deserved=deserved,
-                fair=fair,
-            )
+class _Division:
+    """One resource divided down the whole tree: each queue's deserved amount and fair share of it."""
+
+    def __init__(
+        self, queue_tree: Tree, *, totals: Mapping[model.QueueName, Resources], kind: Kind, available: int
+    ) -> None:
+        self._tree = queue_tree
+        self._totals = totals
+        self._kind = kind
+        self.deserved: dict[model.QueueName, int] = {}
+        self.fair: dict[model.QueueName, int] = {}
+        self._level(queue_tree.roots, available)
+
+    def _level(self, siblings: Sequence[model.QueueName], available: int) -> None:
+        queues = self._tree.queues
+        kind = self._kind
+        requests = [amount(self._totals[name], kind) for name in siblings]
+        settings = [setting(queues[name], kind) for name in siblings]
+        shares = split(
+            available=available,
+            wants=[deserved_want(s, r) for s, r in zip(settings, requests, strict=True)],
+            caps=[capped_demand(s, r) for s, r in zip(settings, requests, strict=True)],
+            priorities=[queues[name].priority for name in siblings],
+            weights=[s.over_quota_weight for s in settings],
+        )
+        for name, (given, share) in zip(siblings, shares, strict=True):
+            self.deserved[name] = given
+            self.fair[name] = share
+            children = self._tree.children.get(name, ())
+            if children:
+                self._level(children, share)
 
 
 def split(

@@ -59,8 +59,8 @@ def constraints(pod: model.Pod) -> Constraints:
     )
 
 
-def label_keys(pod: Constraints) -> frozenset[str]:
-    """The node label keys a pod's constraints read."""
+def label_keys(pod: model.Pod) -> frozenset[str]:
+    """The node label keys a pod's selector and required affinity read."""
     keys = {key for key, _ in pod.node_selector}
     keys.update(requirement.key for term in pod.affinity for requirement in term.expressions)
     return frozenset(keys)
@@ -128,22 +128,3 @@ def tolerates(toleration: model.Toleration, taint: model.Taint) -> bool:
     if toleration.operator is model.TolerationOperator.EXISTS:
         return toleration.key in ("", taint.key)
     return toleration.key == taint.key and toleration.value == taint.value
-
-
-def gpu_models_from_affinity(affinity: tuple[model.AffinityTerm, ...]) -> tuple[str, ...]:
-    """The GPU models a pod's affinity allows through ``In`` on ``nvidia.com/gpu.product`` (empty: any).
-
-    Only ``In`` narrows to a list; other operators on the label still apply through affinity matching itself.
-    With several terms the union is allowed (terms are ORed); a term without the label allows any model.
-    """
-    allowed: set[str] = set()
-    for term in affinity:
-        term_models: set[str] | None = None
-        for requirement in term.expressions:
-            if requirement.key == model.GPU_PRODUCT_LABEL and requirement.operator is model.Operator.IN:
-                values = set(requirement.values)
-                term_models = values if term_models is None else term_models & values
-        if term_models is None:
-            return ()
-        allowed |= term_models
-    return tuple(sorted(allowed))

@@ -26,7 +26,9 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-MILLI_GPU_PER_DEVICE = 1000
+from common import quantities
+
+MILLI_GPU_PER_DEVICE = quantities.MILLI_GPU_PER_GPU
 
 # FGD's published configuration: the most popular shapes covering 95% of the pods are typical
 # (hkust-adsl/kubernetes-scheduler-simulator, scripts/generate_config_and_run.py, --pod-popularity-threshold 95).
@@ -57,13 +59,6 @@ class PodShape:
     @property
     def total_milli_gpu(self) -> int:
         return self.gpu_count * self.milli_gpu
-
-    @property
-    def is_fractional(self) -> bool:
-        return self.gpu_count == 1 and 0 < self.milli_gpu < MILLI_GPU_PER_DEVICE
-
-    def accepts_model(self, model: str) -> bool:
-        return not self.gpu_models or model in self.gpu_models
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -143,36 +138,15 @@ def _shape_order(shape: PodShape) -> tuple[int, int, int, tuple[str, ...]]:
     return (-shape.milli_cpu, -shape.milli_gpu, -shape.gpu_count, tuple(sorted(shape.gpu_models)))
 
 
-def stranded_milli_gpu(node: NodeFree, shape: PodShape, *, memory_aware: bool = False) -> int:
-    """The free milli-GPU on ``node`` that a pod of ``shape`` could not use.
-
-    All of it when the pod asks for no GPU, cannot have this GPU model, or does not fit on the node's CPU (and
-    memory, when ``memory_aware``) or devices; otherwise the remainders of the devices too small for its share.
-    """
-    total = sum(node.devices)
-    if (
-        shape.milli_gpu == 0
-        or shape.milli_cpu > node.milli_cpu
-        or (memory_aware and shape.memory_bytes > node.memory_bytes)
-        or not shape.accepts_model(node.gpu_model)
-    ):
-        return total
-    fitting = 0
-    small = 0
-    for free in node.devices:
-        if free >= shape.milli_gpu:
-            fitting += 1
-        else:
-            small += free
-    return small if fitting >= shape.gpu_count else total
-
-
 class FragmentationMeter:
     """A node's fragmentation against a workload profile, memoised by node state.
 
-    ``weighted(node)`` is the exact integer sum of weight x stranded milli-GPU over the typical pods;
-    ``milli(node)`` divides it by the total weight. FGD ignores memory (its shapes carry none); ``memory_aware``
-    also counts a shape's GPUs as stranded on a node without the memory for it.
+    ``weighted(node)`` is the exact integer sum, over the typical pods, of the pod's weight times the free milli-GPU
+    on the node that a pod of its shape could not use (*stranded*): all of it when the shape asks for no GPU, cannot
+    have this GPU model, or does not fit the node's CPU (and memory, when ``memory_aware``) or devices; otherwise
+    the remainders of the devices too small for its share. Divided by ``total_weight`` it is the node's stranded
+    milli-GPU. FGD ignores memory (its shapes carry none); ``memory_aware`` also counts a shape's GPUs as stranded
+    on a node without the memory for it.
     """
 
     def __init__(self, profile: WorkloadProfile, *, memory_aware: bool = False) -> None:
@@ -203,11 +177,8 @@ class FragmentationMeter:
         self._memo[key] = value
         return value
 
-    def milli(self, node: NodeFree) -> float:
-        return self.weighted(node) / self.total_weight
-
     def _compute(self, model: str, cpu: int, memory: int, devices: tuple[int, ...]) -> int:
-        # The rule of ``stranded_milli_gpu``, over plain tuples: this runs once per new node state of a replay.
+        # Over plain tuples: this runs once per new node state of a replay.
         total = sum(devices)
         if total == 0:
             return 0

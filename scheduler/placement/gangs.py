@@ -16,9 +16,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Container, Mapping, Sequence
 
-from scheduler.placement import fairshare, model, plan, search, status
+from common.resources import Resources
+from scheduler.placement import fairshare, model, plan, search, shapes, status
 
-_KINDS = (fairshare.Kind.GPU, fairshare.Kind.CPU, fairshare.Kind.MEMORY)
+GPU, CPU, MEMORY = fairshare.Kind.GPU, fairshare.Kind.CPU, fairshare.Kind.MEMORY
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,19 +72,20 @@ def pending_gpu(pod: model.Pod, reference_memory_bytes: int) -> int:
     return min(per_device, model.MILLI_GPU_PER_DEVICE) * share.devices
 
 
-def total(pods: Sequence[model.Pod], reference_memory_bytes: int) -> plan.Amounts:
+def total(pods: Sequence[model.Pod], reference_memory_bytes: int) -> Resources:
+    """What pending ``pods`` will take, as queues count it."""
     gpu = cpu = memory = 0
     for pod in pods:
         gpu += pending_gpu(pod, reference_memory_bytes)
         cpu += pod.requests.milli_cpu
         memory += pod.requests.memory_bytes
-    return (gpu, cpu, memory)
+    return Resources(milli_gpu=gpu, milli_cpu=cpu, memory_bytes=memory)
 
 
 def queue_check(
     *,
     group: model.Group,
-    amounts: plan.Amounts,
+    amounts: Resources,
     chain: Sequence[model.QueueName],
     queues: Mapping[model.QueueName, model.Queue],
     usage: plan.Usage,
@@ -91,27 +93,27 @@ def queue_check(
     """The limit and non-preemptible quota checks of ``amounts`` more for the group's queue and its ancestors."""
     for name in chain:
         queue = queues[name]
-        allocated = usage.allocated[name]
-        for index, kind in enumerate(_KINDS):
-            want = amounts[index]
+        for kind in fairshare.KINDS:
+            want = fairshare.amount(amounts, kind)
             if want <= 0:
                 continue
             setting = fairshare.setting(queue, kind)
-            if setting.limit != model.UNLIMITED and allocated[index] + want > setting.limit:
+            allocated = fairshare.amount(usage.allocated[name], kind)
+            if setting.limit != model.UNLIMITED and allocated + want > setting.limit:
                 return status.unschedulable(
                     status.Reason.OVER_LIMIT,
-                    f"queue {name} {kind.value} limit is {status.amount_text(index, setting.limit)}: "
-                    f"{status.amount_text(index, allocated[index])} allocated, "
-                    f"{status.amount_text(index, want)} more requested",
+                    f"queue {name} {kind.value} limit is {status.amount_text(kind, setting.limit)}: "
+                    f"{status.amount_text(kind, allocated)} allocated, "
+                    f"{status.amount_text(kind, want)} more requested",
                 )
             if not group.preemptible and setting.quota != model.UNLIMITED:
-                fixed = usage.nonpreemptible[name][index]
+                fixed = fairshare.amount(usage.nonpreemptible[name], kind)
                 if fixed + want > setting.quota:
                     return status.unschedulable(
                         status.Reason.NON_PREEMPTIBLE_OVER_QUOTA,
                         f"non-preemptible work must fit in the quota of queue {name}: {kind.value} quota "
-                        f"{status.amount_text(index, setting.quota)}, {status.amount_text(index, fixed)} held by "
-                        f"non-preemptible work, {status.amount_text(index, want)} more requested",
+                        f"{status.amount_text(kind, setting.quota)}, {status.amount_text(kind, fixed)} held by "
+                        f"non-preemptible work, {status.amount_text(kind, want)} more requested",
                     )
     return None
 
@@ -120,32 +122,34 @@ def never_fits(
     *,
     group: model.Group,
     minimum: Sequence[model.Pod],
-    amounts: plan.Amounts,
+    amounts: Resources,
     chain: Sequence[model.QueueName],
     queues: Mapping[model.QueueName, model.Queue],
     searcher: search.Searcher,
-    shapes: Mapping[model.PodUid, search.Shape],
+    pod_shapes: Mapping[model.PodUid, shapes.Shape],
 ) -> status.Status | None:
     """Why the minimum can never be placed as the cluster and queues stand, or None."""
     for name in chain:
         queue = queues[name]
-        for index, kind in enumerate(_KINDS):
+        for kind in fairshare.KINDS:
+            want = fairshare.amount(amounts, kind)
+            if want <= 0:
+                continue
             setting = fairshare.setting(queue, kind)
-            want = amounts[index]
-            if want > 0 and setting.limit != model.UNLIMITED and want > setting.limit:
+            if setting.limit != model.UNLIMITED and want > setting.limit:
                 return status.never(
-                    f"the gang's minimum needs {status.amount_text(index, want)} of {kind.value}, more than the "
-                    f"limit {status.amount_text(index, setting.limit)} of queue {name}"
+                    f"the gang's minimum needs {status.amount_text(kind, want)} of {kind.value}, more than the "
+                    f"limit {status.amount_text(kind, setting.limit)} of queue {name}"
                 )
-            if want > 0 and not group.preemptible and setting.quota != model.UNLIMITED and want > setting.quota:
+            if not group.preemptible and setting.quota != model.UNLIMITED and want > setting.quota:
                 return status.never(
                     f"non-preemptible work must fit in the quota: the gang's minimum needs "
-                    f"{status.amount_text(index, want)} of {kind.value}, queue {name} has a quota of "
-                    f"{status.amount_text(index, setting.quota)}"
+                    f"{status.amount_text(kind, want)} of {kind.value}, queue {name} has a quota of "
+                    f"{status.amount_text(kind, setting.quota)}"
                 )
     gpu_total = 0
     for pod in minimum:
-        shape = shapes[pod.uid]
+        shape = pod_shapes[pod.uid]
         if not searcher.eligible(shape.constraints):
             return None  # no node passes the filters: reported as NoNodeFits with each node class's reason
         if not searcher.could_ever_hold(shape):
@@ -154,24 +158,24 @@ def never_fits(
             )
         gpu_total += shape.whole_gpus * model.MILLI_GPU_PER_DEVICE
     if gpu_total:
-        offered = searcher.devices_offered(shapes[minimum[0].uid].constraints) * model.MILLI_GPU_PER_DEVICE
+        offered = searcher.devices_offered(pod_shapes[minimum[0].uid].constraints) * model.MILLI_GPU_PER_DEVICE
         if gpu_total > offered:
             return status.never(
-                f"the gang's minimum needs {status.amount_text(0, gpu_total)} in whole GPUs; the nodes it may use "
-                f"have {status.amount_text(0, offered)} in all"
+                f"the gang's minimum needs {status.amount_text(GPU, gpu_total)} in whole GPUs; the nodes it may use "
+                f"have {status.amount_text(GPU, offered)} in all"
             )
     return None
 
 
-def _shape_text(shape: search.Shape) -> str:
-    parts = [f"{status.amount_text(1, shape.milli_cpu)}", status.amount_text(2, shape.memory_bytes)]
+def _shape_text(shape: shapes.Shape) -> str:
+    parts = [f"{status.amount_text(CPU, shape.milli_cpu)}", status.amount_text(MEMORY, shape.memory_bytes)]
     if shape.whole_gpus:
         parts.append(f"{shape.whole_gpus} GPU")
     if shape.share is not None:
         size = (
-            status.amount_text(0, shape.share.milli_gpu)
+            status.amount_text(GPU, shape.share.milli_gpu)
             if shape.share.milli_gpu
-            else status.amount_text(2, shape.share.memory_bytes) + " of GPU memory"
+            else status.amount_text(MEMORY, shape.share.memory_bytes) + " of GPU memory"
         )
         parts.append(f"{size} on {shape.share.devices} device(s)")
     return ", ".join(parts)
@@ -192,13 +196,13 @@ def try_place(
     searcher: search.Searcher,
     group: model.Group,
     pods: Sequence[model.Pod],
-    shapes: Mapping[model.PodUid, search.Shape],
+    pod_shapes: Mapping[model.PodUid, shapes.Shape],
     kind: plan.Kind = plan.Kind.BIND,
 ) -> Failure | None:
     """Place ``pods`` all together or none of them; None on success."""
     checkpoint = draft.checkpoint()
     for count, pod in enumerate(pods):
-        choice = searcher.find(shapes[pod.uid])
+        choice = searcher.find(pod_shapes[pod.uid])
         if choice is None:
             draft.rollback(checkpoint)
             return Failure(pod=pod, placed=count, of=len(pods))

@@ -23,6 +23,7 @@ import enum
 from collections.abc import Mapping
 from typing import NewType
 
+from common import quantities
 from common.resources import Resources
 from scheduler.placement import scoring
 
@@ -37,10 +38,7 @@ GpuUuid = NewType("GpuUuid", str)
 UNLIMITED = -1
 """KAI's ``-1``: for a quota, as much as requested; for a limit, no cap."""
 
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-"""The GPU Feature Discovery label that KAI users put in node affinity to ask for a GPU model."""
-
-MILLI_GPU_PER_DEVICE = 1000
+MILLI_GPU_PER_DEVICE = quantities.MILLI_GPU_PER_GPU
 ZERO = Resources()
 ONE_POD = Resources(pods=1)
 """The request of a pod that asks for nothing but its slot."""
@@ -114,17 +112,6 @@ class Node:
     unschedulable: bool = False
     """Cordoned (``spec.unschedulable``): takes no new pods, keeps the ones it has."""
     devices: tuple[Device, ...] = ()
-
-    @property
-    def free(self) -> Resources:
-        """Allocatable minus used for CPU, memory and pod slots; free whole devices for milli-GPU."""
-        free_devices = sum(1 for device in self.devices if device.is_free)
-        return Resources(
-            milli_cpu=self.allocatable.milli_cpu - self.used.milli_cpu,
-            memory_bytes=self.allocatable.memory_bytes - self.used.memory_bytes,
-            milli_gpu=free_devices * MILLI_GPU_PER_DEVICE,
-            pods=self.allocatable.pods - self.used.pods,
-        )
 
 
 # --- Pods and groups ---------------------------------------------------------------------------------------------

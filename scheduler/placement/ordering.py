@@ -26,13 +26,14 @@ def group_key(group: model.Group) -> tuple[int, int, str]:
     return (-group.priority, group.created_ns, group.id)
 
 
-def _below(allocated: Sequence[int], share: plan.Amounts, wanting: Sequence[bool]) -> bool:
-    """True when, for every resource the queue still wants more of, it holds less than ``share``."""
-    return all(allocated[i] < share[i] for i in range(3) if wanting[i])
-
-
-def amounts(resources: Resources) -> plan.Amounts:
-    return (resources.milli_gpu, resources.milli_cpu, resources.memory_bytes)
+def _below(allocated: Resources, share: Resources, requested: Resources) -> bool:
+    """True when, for every resource the queue still wants more of (requests more than it holds), it holds less
+    than ``share``."""
+    return (
+        (requested.milli_gpu <= allocated.milli_gpu or allocated.milli_gpu < share.milli_gpu)
+        and (requested.milli_cpu <= allocated.milli_cpu or allocated.milli_cpu < share.milli_cpu)
+        and (requested.memory_bytes <= allocated.memory_bytes or allocated.memory_bytes < share.memory_bytes)
+    )
 
 
 class QueueOrder:
@@ -44,18 +45,18 @@ class QueueOrder:
         queue_tree: fairshare.Tree,
         shares: Mapping[model.QueueName, fairshare.Share],
         usage: plan.Usage,
-        capacity: plan.Amounts,
+        capacity: Resources,
         leaves: Sequence[model.QueueName],
     ) -> None:
         self._tree = queue_tree
         self._usage = usage
-        self._capacity = tuple(max(1, value) for value in capacity)
-        self._fair = {name: amounts(share.fair) for name, share in shares.items()}
-        self._deserved = {name: amounts(share.deserved) for name, share in shares.items()}
-        self._requested = {name: amounts(share.requested) for name, share in shares.items()}
+        # Dominant shares divide by these: at least 1, so a resource the cluster lacks counts for nothing.
+        self._capacity_gpu = max(1, capacity.milli_gpu)
+        self._capacity_cpu = max(1, capacity.milli_cpu)
+        self._capacity_memory = max(1, capacity.memory_bytes)
+        self._shares = shares
         self._active: dict[model.QueueName, int] = {}
         """Per queue, how many of its subtree's leaves still have work."""
-        self._parent = queue_tree.parent_of
         for leaf in leaves:
             for name in queue_tree.ancestors(leaf):
                 self._active[name] = self._active.get(name, 0) + 1
@@ -63,12 +64,15 @@ class QueueOrder:
     def key(self, name: model.QueueName) -> QueueKey:
         queue = self._tree.queues[name]
         allocated = self._usage.allocated[name]
-        requested = self._requested[name]
-        wanting = [requested[i] > allocated[i] for i in range(3)]
-        dominant = max(allocated[i] * _DRF_SCALE // self._capacity[i] for i in range(3))
+        share = self._shares[name]
+        dominant = max(
+            allocated.milli_gpu * _DRF_SCALE // self._capacity_gpu,
+            allocated.milli_cpu * _DRF_SCALE // self._capacity_cpu,
+            allocated.memory_bytes * _DRF_SCALE // self._capacity_memory,
+        )
         return (
-            not _below(allocated, self._fair[name], wanting),
-            not _below(allocated, self._deserved[name], wanting),
+            not _below(allocated, share.fair, share.requested),
+            not _below(allocated, share.deserved, share.requested),
             -queue.priority,
             dominant,
             queue.created_ns,
@@ -91,14 +95,5 @@ class QueueOrder:
         for name in self._tree.ancestors(leaf):
             self._active[name] -= 1
 
-    def is_over_fair_share(self, name: model.QueueName, extra: plan.Amounts) -> bool:
-        """Would the queue, or an ancestor, hold more than its fair share with ``extra`` more?"""
-        for queue in self._tree.ancestors(name):
-            allocated = self._usage.allocated[queue]
-            fair = self._fair[queue]
-            if any(extra[i] > 0 and allocated[i] + extra[i] > fair[i] for i in range(3)):
-                return True
-        return False
-
-    def fair(self, name: model.QueueName) -> plan.Amounts:
-        return self._fair[name]
+    def fair(self, name: model.QueueName) -> Resources:
+        return self._shares[name].fair

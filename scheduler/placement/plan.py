@@ -16,10 +16,8 @@ import dataclasses
 import enum
 from collections.abc import Mapping
 
-from scheduler.placement import capacity, decisions, devices, fairshare, model, search, status
-
-Amounts = tuple[int, int, int]
-"""GPU (milli), CPU (milli), memory (bytes): the three resources queues account."""
+from common.resources import Resources
+from scheduler.placement import capacity, decisions, devices, fairshare, model, shapes, status
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,16 +33,19 @@ class Plan:
     """Where the room made by this plan's evictions is meant to go: the binder records each as the pod's
     nominated node, and the next cycles place those groups first."""
 
-    def placed(self, pod: model.PodUid) -> decisions.Placement | None:
-        return next((placement for placement in self.placements if placement.pod == pod), None)
+
+def pod_amounts(pod: model.Pod) -> Resources:
+    """What a running pod holds, as queues count it: GPU, CPU and memory (queues account no pod slots: 0)."""
+    return Resources(
+        milli_gpu=held_milli_gpu(pod), milli_cpu=pod.requests.milli_cpu, memory_bytes=pod.requests.memory_bytes
+    )
 
 
-def pod_amounts(pod: model.Pod) -> Amounts:
-    """What a running pod holds, as queues count it."""
-    gpu = pod.requests.milli_gpu
+def held_milli_gpu(pod: model.Pod) -> int:
+    """The GPU a running pod holds, as queues count it: its whole devices, or its share on each of its devices."""
     if pod.share is not None:
-        gpu = pod.allotted_milli_gpu * max(1, len(pod.devices))
-    return (gpu, pod.requests.milli_cpu, pod.requests.memory_bytes)
+        return pod.allotted_milli_gpu * max(1, len(pod.devices))
+    return pod.requests.milli_gpu
 
 
 class Usage:
@@ -54,20 +55,27 @@ class Usage:
 
     def __init__(self, chains: Mapping[model.QueueName, tuple[model.QueueName, ...]]) -> None:
         self.chains = chains
-        self.allocated: dict[model.QueueName, list[int]] = {name: [0, 0, 0] for name in chains}
-        self.nonpreemptible: dict[model.QueueName, list[int]] = {name: [0, 0, 0] for name in chains}
+        self.allocated: dict[model.QueueName, Resources] = dict.fromkeys(chains, model.ZERO)
+        self.nonpreemptible: dict[model.QueueName, Resources] = dict.fromkeys(chains, model.ZERO)
 
-    def add(self, queue: model.QueueName, amounts: Amounts, *, nonpreemptible: bool, sign: int = 1) -> None:
+    def hold(self, queue: model.QueueName, *, allocated: Resources, nonpreemptible: Resources) -> None:
+        """Count what a queue's groups hold as the cycle starts, for the queue and every ancestor."""
         for name in self.chains.get(queue, ()):
-            totals = self.allocated[name]
-            totals[0] += sign * amounts[0]
-            totals[1] += sign * amounts[1]
-            totals[2] += sign * amounts[2]
-            if nonpreemptible:
-                fixed = self.nonpreemptible[name]
-                fixed[0] += sign * amounts[0]
-                fixed[1] += sign * amounts[1]
-                fixed[2] += sign * amounts[2]
+            self.allocated[name] = self.allocated[name] + allocated
+            self.nonpreemptible[name] = self.nonpreemptible[name] + nonpreemptible
+
+    def add(self, queue: model.QueueName, amounts: Resources, *, nonpreemptible: bool, sign: int = 1) -> None:
+        allocated = self.allocated
+        fixed = self.nonpreemptible
+        for name in self.chains.get(queue, ()):
+            if sign > 0:
+                allocated[name] = allocated[name] + amounts
+                if nonpreemptible:
+                    fixed[name] = fixed[name] + amounts
+            else:
+                allocated[name] = allocated[name] - amounts
+                if nonpreemptible:
+                    fixed[name] = fixed[name] - amounts
 
 
 class Kind(enum.Enum):
@@ -101,8 +109,9 @@ class Draft:
         self.evictions: list[decisions.Eviction] = []
         self.placed: dict[model.PodUid, decisions.Placement] = {}
         self.evicted: dict[model.PodUid, decisions.Eviction] = {}
-        self._usage_undo: list[tuple[model.QueueName, Amounts, bool, int]] = []
+        self._usage_undo: list[tuple[model.QueueName, Resources, bool, int]] = []
         self._start = cap.checkpoint()
+        self._usage_start = (dict(usage.allocated), dict(usage.nonpreemptible))
 
     def checkpoint(self) -> Checkpoint:
         return Checkpoint(
@@ -125,12 +134,12 @@ class Draft:
             queue, amounts, nonpreemptible, sign = undo.pop()
             self.usage.add(queue, amounts, nonpreemptible=nonpreemptible, sign=-sign)
 
-    def _account(self, queue: model.QueueName, amounts: Amounts, *, nonpreemptible: bool, sign: int) -> None:
+    def _account(self, queue: model.QueueName, amounts: Resources, *, nonpreemptible: bool, sign: int) -> None:
         self.usage.add(queue, amounts, nonpreemptible=nonpreemptible, sign=sign)
         self._usage_undo.append((queue, amounts, nonpreemptible, sign))
 
     def place(
-        self, pod: model.Pod, group: model.Group, choice: search.Choice, *, kind: Kind = Kind.BIND
+        self, pod: model.Pod, group: model.Group, choice: shapes.Choice, *, kind: Kind = Kind.BIND
     ) -> decisions.Placement:
         """Put ``pod`` where ``choice`` says, taking the room on the working state."""
         work = choice.work
@@ -144,16 +153,16 @@ class Draft:
         if choice.share_milli:
             for device, milli in zip(choice.devices, choice.share_milli, strict=True):
                 gpu_group = work.dev_group[device] or devices.new_group_id(work.name, device, pod.uid)
-                opens.append(devices.take_share(work, device, milli, gpu_group))
+                opens.append(work.take_share(device, milli, gpu_group))
                 gpu_groups.append(gpu_group)
             gpu = sum(choice.share_milli)
         else:
-            devices.take_whole(work, choice.devices)
+            work.take_whole(choice.devices)
             gpu = len(choice.devices) * devices.FULL
         cap.end(work)
         self._account(
             group.queue,
-            (gpu, pod.requests.milli_cpu, pod.requests.memory_bytes),
+            Resources(milli_gpu=gpu, milli_cpu=pod.requests.milli_cpu, memory_bytes=pod.requests.memory_bytes),
             nonpreemptible=not group.preemptible,
             sign=1,
         )
@@ -194,9 +203,9 @@ class Draft:
             valid = tuple(device for device in pod.devices if device < len(work.dev_free))
             if pod.share is not None:
                 for device in valid:
-                    devices.give_back_share(work, device, pod.allotted_milli_gpu)
+                    work.give_back_share(device, pod.allotted_milli_gpu)
             elif pod.whole_gpus:
-                devices.give_back_whole(work, valid)
+                work.give_back_whole(valid)
             cap.end(work)
         self._account(group.queue, pod_amounts(pod), nonpreemptible=not group.preemptible, sign=-1)
         eviction = decisions.Eviction(
@@ -235,8 +244,9 @@ class Draft:
             nominations=tuple(self.bound(Kind.RESERVE)),
         )
         self.capacity.rollback(self._start)
-        undo = self._usage_undo
-        while undo:
-            queue, amounts, nonpreemptible, sign = undo.pop()
-            self.usage.add(queue, amounts, nonpreemptible=nonpreemptible, sign=-sign)
+        # Undoing every entry would give the same sums; putting the starting ones back is cheaper.
+        allocated, nonpreemptible = self._usage_start
+        self.usage.allocated.update(allocated)
+        self.usage.nonpreemptible.update(nonpreemptible)
+        self._usage_undo.clear()
         return plan

@@ -27,14 +27,16 @@ import enum
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-MILLI_GPU_PER_DEVICE = 1000
+from common import quantities
+
+MILLI_GPU_PER_DEVICE = quantities.MILLI_GPU_PER_GPU
 # Every part of a built-in score lies in [0, _PART): milli-GPU per device is at most 1000, a node's free devices are
 # a few, and CPU left is capped there (2**21 millicores, 2,097 cores: more than any node has).
 _PART = 1 << 21
 
 
 class Strategy(enum.StrEnum):
-    """Node- or device-level placement policy (mirrors ``model.Strategy``, kept here so scoring imports nothing)."""
+    """Node- or device-level placement policy (``model.Strategy`` is this: scoring imports nothing of placement)."""
 
     BINPACK = "binpack"
     SPREAD = "spread"

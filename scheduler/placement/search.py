@@ -2,10 +2,9 @@
 
 Two paths give the same answer for the built-in binpack scorer (a property test holds them to it):
 
-- the *indexed* path, used for the default strategy (binpack at node and device level) and for whole GPUs under
-  either strategy: it walks the capacity indexes (free whole devices per node, shared devices by free share) in the
-  order the scorer would rank them and stops at the first node that also has the CPU, memory and pod slot. Its cost
-  does not grow with the number of nodes, which is what makes thousands of pods per second on 5,000 nodes possible.
+- the *indexed* path (``indexed``), used for the default strategy (binpack at node and device level) and for whole
+  GPUs under either strategy: it walks the capacity indexes in the order the scorer would rank them and stops at
+  the first node that fits, so its cost does not grow with the number of nodes.
 - the *scored* path, for everything else (spread for shares, custom scorers, CPU-only pods, shares on several
   devices, gpu-memory shares): every distinct *look* of the eligible classes (``capacity.Look``: nodes that the
   filters, the device choice and the scorer cannot tell apart) is scored once, and its answer kept on the look for
@@ -14,59 +13,23 @@ Two paths give the same answer for the built-in binpack scorer (a property test 
   (``group_alike`` off does the same for every pod: the reference the tests hold the grouped search to).
 
 Both break ties by node order (name order), then by device index, so a plan never depends on hashing; a scorer that
-is ``scoring.DrawsTies`` has its tied nodes drawn instead.
+is ``scoring.DrawsTies`` has its tied nodes drawn instead. This module holds the ``Searcher`` (its configuration,
+the filter caches that survive between cycles, the choice of path) and the scored path.
 """
 
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import itertools
 from collections.abc import Sequence
 
-from scheduler.placement import capacity, devices, filters, model, scoring
+from scheduler.placement import capacity, filters, indexed, model, nodework, scoring, shapes
 
 _MEMO_LIMIT = 500_000
 # Pod shapes are numbered for the looks' caches; past this many the numbering (and every cache) starts afresh.
 _SHAPE_LIMIT = 20_000
 # What a look's cache holds for a shape that fits none of its device choices (told apart by identity).
 _NOWHERE: capacity.LookBest = (0, (-1,), ())
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Shape:
-    """Everything placement reads from a pod; pods of equal shape are placed alike (and share memo entries)."""
-
-    milli_cpu: int
-    memory_bytes: int
-    pods: int
-    whole_gpus: int
-    share: model.GpuShare | None
-    constraints: filters.Constraints
-
-    @property
-    def wants_gpu(self) -> bool:
-        return self.whole_gpus > 0 or self.share is not None
-
-
-def shape_of(pod: model.Pod) -> Shape:
-    return Shape(
-        milli_cpu=pod.requests.milli_cpu,
-        memory_bytes=pod.requests.memory_bytes,
-        pods=pod.requests.pods,
-        whole_gpus=pod.whole_gpus,
-        share=pod.share,
-        constraints=filters.constraints(pod),
-    )
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Choice:
-    """Where a pod goes: a node and its devices, with the milli-GPU taken on each for a share."""
-
-    work: capacity.NodeWork
-    devices: tuple[int, ...]
-    share_milli: tuple[int, ...] = ()
 
 
 class Searcher:
@@ -76,9 +39,9 @@ class Searcher:
         self.capacity = cap
         self._verdicts: dict[tuple[int, filters.Constraints], str | None] = {}
         self._eligible: dict[filters.Constraints, tuple[int, tuple[int, ...]]] = {}
-        self._ever: dict[Shape, bool] = {}
+        self._ever: dict[shapes.Shape, bool] = {}
         self._offered: dict[filters.Constraints, int] = {}
-        self._shape_ids: dict[Shape, int] = {}
+        self._shape_ids: dict[shapes.Shape, int] = {}
         self._epoch = 0
         """Bumped when the scorers or the shape numbering change: what the looks cached before is void."""
         self.group_alike = True
@@ -163,7 +126,7 @@ class Searcher:
         self._eligible[constraints] = (len(classes), found)
         return found
 
-    def could_ever_hold(self, shape: Shape) -> bool:
+    def could_ever_hold(self, shape: shapes.Shape) -> bool:
         """Could some empty node the pod may use hold it (enough CPU, memory, slots and healthy devices)?"""
         self.eligible(shape.constraints)  # resets the caches when the node structure changed
         found = self._ever.get(shape)
@@ -189,136 +152,21 @@ class Searcher:
 
     # --- the search -----------------------------------------------------------------------------------------
 
-    def find(self, shape: Shape) -> Choice | None:
+    def find(self, shape: shapes.Shape) -> shapes.Choice | None:
         """The best placement for a pod of ``shape`` now, or None when no node can take it."""
         eligible = self.eligible(shape.constraints)
         if not eligible:
             return None
         share = shape.share
         if share is None and shape.whole_gpus and self.indexed_whole:
-            return self._find_whole(shape, eligible)
+            return indexed.find_whole(self.capacity, shape, eligible, spread=self.spread_whole)
         if share is not None and share.milli_gpu and share.devices == 1 and self.indexed_share:
-            return self._find_share(shape, share.milli_gpu, eligible)
+            return indexed.find_share(self.capacity, shape, share.milli_gpu, eligible, demanded=self.demanded)
         if share is None and not shape.whole_gpus and self.indexed_cpu:
-            return self._find_cpu(shape, eligible)
+            return indexed.find_cpu(self.capacity, shape, eligible)
         return self._find_scored(shape, eligible)
 
-    def _find_cpu(self, shape: Shape, eligible: tuple[int, ...]) -> Choice | None:
-        """Binpack for a CPU-only pod: the node with the fewest free devices, then the least CPU left after it."""
-        classes = self.capacity.classes
-        by_order = self.capacity.by_order
-        best: tuple[int, int, int] | None = None
-        for cls in eligible:
-            entries = classes[cls].cpu
-            position = 0
-            while position < len(entries):
-                whole, free_cpu, order = entries[position]
-                if free_cpu < shape.milli_cpu:
-                    # skip to this free-device count's first node with enough CPU
-                    position = bisect.bisect_left(entries, (whole, shape.milli_cpu, -1), position + 1)
-                    continue
-                if best is not None and (whole, free_cpu, order) >= best:
-                    break
-                if by_order[order].fits_basics(shape.milli_cpu, shape.memory_bytes, shape.pods):
-                    best = (whole, free_cpu, order)
-                    # a later entry of the same class is worse; move on to the next class
-                    break
-                position += 1
-        if best is None:
-            return None
-        return Choice(work=by_order[best[2]], devices=())
-
-    def _find_whole(self, shape: Shape, eligible: tuple[int, ...]) -> Choice | None:
-        classes = self.capacity.classes
-        by_order = self.capacity.by_order
-        counts = sorted(
-            {count for cls in eligible for count, bucket in classes[cls].whole.items() if bucket},
-            reverse=self.spread_whole,
-        )
-        models = shape.constraints.gpu_models
-        for count in counts:
-            if count < shape.whole_gpus:
-                continue
-            best: Choice | None = None
-            for cls in eligible:
-                for order in classes[cls].whole.get(count, ()):
-                    if best is not None and order >= best.work.order:
-                        break
-                    work = by_order[order]
-                    if not work.fits_basics(shape.milli_cpu, shape.memory_bytes, shape.pods):
-                        continue
-                    chosen = devices.pick_whole(work, shape.whole_gpus, models)
-                    if chosen is not None:
-                        best = Choice(work=work, devices=chosen)
-                        break
-            if best is not None:
-                return best
-        return None
-
-    def _find_share(self, shape: Shape, milli: int, eligible: tuple[int, ...]) -> Choice | None:
-        classes = self.capacity.classes
-        by_order = self.capacity.by_order
-        models = shape.constraints.gpu_models
-        # 1. A shared device left with nothing, or with a remainder some pending pod asks for, smallest first.
-        for remainder in (0, *self.demanded):
-            target = milli + remainder
-            if target > devices.FULL:
-                break
-            best: tuple[int, int, int, int] | None = None
-            for cls in eligible:
-                shared = classes[cls].shared
-                position = bisect.bisect_left(shared, (target, -1, -1, -1))
-                while position < len(shared) and shared[position][0] == target:
-                    entry = shared[position]
-                    position += 1
-                    if best is not None and entry >= best:
-                        break
-                    work = by_order[entry[2]]
-                    if work.fits_basics(shape.milli_cpu, shape.memory_bytes, shape.pods) and devices.model_allowed(
-                        work, entry[3], models
-                    ):
-                        best = entry
-                        break
-            if best is not None:
-                return Choice(work=by_order[best[2]], devices=(best[3],), share_milli=(milli,))
-        # 2. The tightest shared device with room.
-        best = None
-        for cls in eligible:
-            shared = classes[cls].shared
-            position = bisect.bisect_left(shared, (milli, -1, -1, -1))
-            while position < len(shared):
-                entry = shared[position]
-                position += 1
-                if best is not None and entry >= best:
-                    break
-                work = by_order[entry[2]]
-                if work.fits_basics(shape.milli_cpu, shape.memory_bytes, shape.pods) and devices.model_allowed(
-                    work, entry[3], models
-                ):
-                    best = entry
-                    break
-        if best is not None:
-            return Choice(work=by_order[best[2]], devices=(best[3],), share_milli=(milli,))
-        # 3. Open a new group on a free device of the node with the fewest free devices (one more pod slot).
-        counts = sorted({count for cls in eligible for count, bucket in classes[cls].whole.items() if bucket})
-        for count in counts:
-            found: Choice | None = None
-            for cls in eligible:
-                for order in classes[cls].whole.get(count, ()):
-                    if found is not None and order >= found.work.order:
-                        break
-                    work = by_order[order]
-                    if not work.fits_basics(shape.milli_cpu, shape.memory_bytes, shape.pods + 1):
-                        continue
-                    device = _first_free_device(work, milli, models)
-                    if device is not None:
-                        found = Choice(work=work, devices=(device,), share_milli=(milli,))
-                        break
-            if found is not None:
-                return found
-        return None
-
-    def _find_scored(self, shape: Shape, eligible: tuple[int, ...]) -> Choice | None:
+    def _find_scored(self, shape: shapes.Shape, eligible: tuple[int, ...]) -> shapes.Choice | None:
         scorer = self.scorer if shape.wants_gpu else self.cpu_scorer
         share = shape.share
         classes = self.capacity.classes
@@ -359,12 +207,14 @@ class Searcher:
                     elif found[0] == top_score:
                         top.append((members[0], members, found))
         else:
+            look_of = self.capacity.look_of
             for cls in eligible:
                 for order in classes[cls].members:
                     work = by_order[order]
-                    if work.look is None:
+                    filed = look_of[order]
+                    if filed is None:
                         raise RuntimeError(f"node {work.name} is out of the indexes during a search")
-                    found = _best_on(work, work.look, shape, scorer, fixed_request)
+                    found = _best_on(work, filed, shape, scorer, fixed_request)
                     if found is None:
                         continue
                     if not top or found[0] > top_score:
@@ -377,7 +227,7 @@ class Searcher:
         # Every node is in one candidate, so first nodes differ and tuples compare on them alone.
         if self.draw_tie is None:
             first, _, (_, chosen, share_milli) = min(top)
-            return Choice(work=by_order[first], devices=chosen, share_milli=share_milli)
+            return shapes.Choice(work=by_order[first], devices=chosen, share_milli=share_milli)
         tied = sorted(itertools.chain.from_iterable(nodes for _, nodes, _ in top))
         drawn = self.draw_tie.draw_tie(len(tied))
         if not 0 <= drawn < len(tied):
@@ -385,10 +235,10 @@ class Searcher:
         order = tied[drawn]
         for first, nodes, (_, chosen, share_milli) in top:
             if first <= order <= nodes[-1] and nodes[bisect.bisect_left(nodes, order)] == order:
-                return Choice(work=by_order[order], devices=chosen, share_milli=share_milli)
+                return shapes.Choice(work=by_order[order], devices=chosen, share_milli=share_milli)
         raise RuntimeError(f"tied node {order} belongs to no candidate")
 
-    def _shape_id(self, shape: Shape) -> int:
+    def _shape_id(self, shape: shapes.Shape) -> int:
         found = self._shape_ids.get(shape)
         if found is None:
             if len(self._shape_ids) >= _SHAPE_LIMIT:
@@ -399,9 +249,9 @@ class Searcher:
 
 
 def _best_on(
-    work: capacity.NodeWork,
+    work: nodework.NodeWork,
     look: capacity.Look,
-    shape: Shape,
+    shape: shapes.Shape,
     scorer: scoring.GpuPlacementScorer,
     fixed_request: scoring.GpuRequest,
 ) -> capacity.LookBest | None:
@@ -419,7 +269,7 @@ def _best_on(
     return best
 
 
-def _could_hold_when_empty(work: capacity.NodeWork, shape: Shape) -> bool:
+def _could_hold_when_empty(work: nodework.NodeWork, shape: shapes.Shape) -> bool:
     allocatable = work.node.allocatable
     if (
         allocatable.milli_cpu < shape.milli_cpu
@@ -441,7 +291,7 @@ def _could_hold_when_empty(work: capacity.NodeWork, shape: Shape) -> bool:
     return True
 
 
-def _request(shape: Shape, per_device: tuple[int, ...] | None) -> scoring.GpuRequest:
+def _request(shape: shapes.Shape, per_device: tuple[int, ...] | None) -> scoring.GpuRequest:
     share = shape.share
     if share is None:
         return scoring.GpuRequest(
@@ -463,27 +313,20 @@ def _request(shape: Shape, per_device: tuple[int, ...] | None) -> scoring.GpuReq
     )
 
 
-def _first_free_device(work: capacity.NodeWork, milli: int, models: tuple[str, ...]) -> int | None:
-    for device, whole in enumerate(work.dev_whole):
-        if whole and work.dev_free[device] >= milli and devices.model_allowed(work, device, models):
-            return device
-    return None
-
-
-def _opened_groups(work: capacity.NodeWork, chosen: tuple[int, ...]) -> int:
+def _opened_groups(work: nodework.NodeWork, chosen: tuple[int, ...]) -> int:
     return sum(1 for device in chosen if work.dev_whole[device] and work.dev_group[device] is None)
 
 
-def _device_choices(work: capacity.NodeWork, shape: Shape) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+def _device_choices(work: nodework.NodeWork, shape: shapes.Shape) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     """The device choices offered to the scorer on one node, with the per-device share (empty for whole GPUs)."""
     models = shape.constraints.gpu_models
     if shape.share is None:
         if not shape.whole_gpus:
             return [((), ())]
-        chosen = devices.pick_whole(work, shape.whole_gpus, models)
+        chosen = work.pick_whole(shape.whole_gpus, models)
         return [] if chosen is None else [(chosen, ())]
-    per_device = devices.share_on_each(shape.share, work)
-    candidates = devices.share_candidates(work, per_device, models)
+    per_device = work.share_on_each(shape.share)
+    candidates = work.share_candidates(per_device, models)
     if shape.share.devices == 1:
         return [((device,), per_device) for device in candidates]
     # Several devices: every candidate device is distinct after collapsing equal ones, which would hide the
@@ -492,7 +335,7 @@ def _device_choices(work: capacity.NodeWork, shape: Shape) -> list[tuple[tuple[i
         device
         for device, free in enumerate(work.dev_free)
         if per_device[device] <= free
-        and devices.model_allowed(work, device, models)
+        and work.model_allowed(device, models)
         and (work.dev_group[device] is not None or work.dev_whole[device])
     ]
     if len(fitting) < shape.share.devices:

@@ -12,6 +12,7 @@ import dataclasses
 import enum
 
 from common import quantities
+from scheduler.placement import fairshare
 
 
 class Code(enum.StrEnum):
@@ -61,14 +62,11 @@ def never(message: str) -> Status:
     return Status(code=Code.UNSCHEDULABLE_AT_ALL, reason=Reason.NEVER_FITS, message=message)
 
 
-def amount_text(kind: int, value: int) -> str:
-    """A queue amount as a person reads it; ``kind`` 0 GPU (milli), 1 CPU (millicores), 2 memory (bytes)."""
-    if kind == 0:
+def amount_text(kind: fairshare.Kind, value: int) -> str:
+    """An amount of one resource as a person reads it (``value`` in milli-GPU, millicores or bytes)."""
+    if kind is fairshare.Kind.GPU:
         return quantities.format_milli_gpu(value)
-    if kind == 1:
-        cores, milli = divmod(value, 1000)
+    if kind is fairshare.Kind.CPU:
+        cores, milli = divmod(value, quantities.MILLICORES_PER_CORE)
         return f"{cores} CPU" if milli == 0 else f"{value}m CPU"
     return quantities.format_bytes(value)
-
-
-RESOURCE_NAMES = ("gpu", "cpu", "memory")

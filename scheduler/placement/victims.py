@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Container
 
+from common.resources import Resources
 from scheduler.placement import model, plan
 
 
@@ -23,15 +24,13 @@ class Unit:
 
     group: model.Group
     pods: tuple[model.Pod, ...]
-    amounts: plan.Amounts
+    amounts: Resources
+    """What the pods hold, as queues count it."""
     youngest_started_ns: int
 
     @property
     def order_key(self) -> tuple[int, int, int, str, str]:
-        return (len(self.pods), self.amounts[0], -self.youngest_started_ns, self.group.id, self.pods[0].uid)
-
-    def nodes(self) -> tuple[model.NodeName, ...]:
-        return tuple(sorted({pod.node for pod in self.pods if pod.node is not None}))
+        return (len(self.pods), self.amounts.milli_gpu, -self.youngest_started_ns, self.group.id, self.pods[0].uid)
 
 
 def started(pod: model.Pod) -> int:
@@ -58,16 +57,12 @@ def units(group: model.Group, evicted: Container[model.PodUid]) -> list[Unit]:
         per_subgroup[pod.subgroup] -= 1
         spare -= 1
         found.append(Unit(group=group, pods=(pod,), amounts=plan.pod_amounts(pod), youngest_started_ns=started(pod)))
-    gpu = cpu = memory = 0
-    for pod in running:
-        pod_gpu, pod_cpu, pod_memory = plan.pod_amounts(pod)
-        gpu, cpu, memory = gpu + pod_gpu, cpu + pod_cpu, memory + pod_memory
     ordered = tuple(sorted(running, key=lambda pod: pod.uid))
     found.append(
         Unit(
             group=group,
             pods=ordered,
-            amounts=(gpu, cpu, memory),
+            amounts=sum((plan.pod_amounts(pod) for pod in running), model.ZERO),
             youngest_started_ns=max(started(pod) for pod in running),
         )
     )

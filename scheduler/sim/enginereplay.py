@@ -28,6 +28,7 @@ import dataclasses
 import random
 from collections.abc import Iterable, Mapping, Sequence
 
+from common import names
 from common.quantities import GIB, MIB
 from common.resources import Resources
 from scheduler.placement import applying, engine, model, scoring
@@ -66,7 +67,7 @@ def engine_node(node: TraceNode, *, rank: int, memory: Mapping[str, int]) -> mod
             milli_gpu=node.gpu_count * MILLI_GPU_PER_DEVICE,
             pods=_POD_SLOTS,
         ),
-        labels={model.GPU_PRODUCT_LABEL: node.gpu_model} if node.gpu_count else {},
+        labels={names.GPU_PRODUCT_LABEL: node.gpu_model} if node.gpu_count else {},
         devices=tuple(
             model.Device(
                 index=index,

@@ -162,7 +162,3 @@ class ReplayCluster:
         bisect.insort(self.groups.setdefault(new, []), position)
         self.allocated_milli_gpu += pod.total_milli_gpu
         return Placement(node=self.names[position], devices=devices)
-
-    def fragmentation_weighted(self, meter: fragmentation.FragmentationMeter) -> int:
-        """The cluster's fragmentation: the sum of every node's ``meter.weighted``."""
-        return sum(meter.weighted(state) * size for state, size in self.states())

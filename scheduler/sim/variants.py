@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from common.quantities import MILLI_GPU_PER_GPU
 from scheduler.sim.openb import TraceNode, TracePod
 
-FAMILIES = ("gpushare", "multigpu", "gpuspec", "cpu")
 _NAME = re.compile(r"^(gpushare|multigpu|gpuspec|cpu)(\d{1,3})$")
 # In the published gpuspec20, about four constraints in five name a single model.
 _SINGLE_MODEL_ODDS = 0.8

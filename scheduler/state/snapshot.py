@@ -21,6 +21,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from common import names
 from common.resources import Resources
 from scheduler.kube import gpurequest, grouping
 from scheduler.placement import model
@@ -127,7 +128,7 @@ def build_node(
     name = str(_meta(node).get("name") or "")
     labels = {str(k): str(v) for k, v in (_meta(node).get("labels") or {}).items()}
     memory = objects.device_memory_bytes(node)
-    product = labels.get(model.GPU_PRODUCT_LABEL, "")
+    product = labels.get(names.GPU_PRODUCT_LABEL, "")
     allotted = [0] * gpu_count
     holders: list[list[str]] = [[] for _ in range(gpu_count)]
     whole = [False] * gpu_count

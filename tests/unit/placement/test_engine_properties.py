@@ -200,10 +200,10 @@ def test_cycles_never_over_commit_and_keep_gangs_and_limits(case: tuple[model.Sn
     groups.update((group.id, group) for group in later)
     second_snapshot = dataclasses.replace(after, groups=groups, now_ns=after.now_ns + 10**12)
     second = warm.run(second_snapshot)
-    assert second == engine.run(second_snapshot), "a warm engine planned differently from a fresh one"
+    assert second == engine.Engine().run(second_snapshot), "a warm engine planned differently from a fresh one"
     assert warm.run(second_snapshot) == second, "a group not tried again got a different outcome"
     idle = _touch_telemetry(second_snapshot)
-    assert warm.run(idle) == engine.run(idle), "a change that frees nothing changed the plan"
+    assert warm.run(idle) == engine.Engine().run(idle), "a change that frees nothing changed the plan"
     running = {pod.uid for group in second_snapshot.groups.values() for pod in group.members if pod.is_active}
     preemptible = {pod.uid for group in second_snapshot.groups.values() if group.preemptible for pod in group.members}
     for eviction in second.evictions:
@@ -228,7 +228,7 @@ def test_the_same_snapshot_always_gives_the_same_plan(case: tuple[model.Snapshot
         nodes=dict(reversed(list(snapshot.nodes.items()))),
         groups=dict(reversed(list(snapshot.groups.items()))),
     )
-    assert engine.run(reordered) == first
+    assert engine.Engine().run(reordered) == first
 
 
 @_SETTINGS
@@ -258,7 +258,7 @@ def test_the_indexed_search_places_as_the_scored_search_with_the_same_scorer(
             scorer=scoring.builtin(node=model.Strategy.BINPACK, device=model.Strategy.BINPACK, demanded=demanded),
         ),
     )
-    got, want = engine.run(scored), engine.run(snapshot)
+    got, want = engine.Engine().run(scored), engine.Engine().run(snapshot)
     assert got.placements == want.placements, (got.statuses, want.statuses, snapshot.nodes, snapshot.queues)
 
 
@@ -286,12 +286,12 @@ class _Drawing(_Coarse):
         return self._source.randrange(count)
 
 
-def _two_cycles(engine: engine.Engine, snapshot: model.Snapshot, later: list[model.Group]) -> list[plan.Plan]:
-    first = engine.run(snapshot)
+def _two_cycles(warm: engine.Engine, snapshot: model.Snapshot, later: list[model.Group]) -> list[plan.Plan]:
+    first = warm.run(snapshot)
     after = applying.apply(snapshot, first)
     groups = dict(after.groups)
     groups.update((group.id, group) for group in later)
-    return [first, engine.run(dataclasses.replace(after, groups=groups, now_ns=after.now_ns + 10**12))]
+    return [first, warm.run(dataclasses.replace(after, groups=groups, now_ns=after.now_ns + 10**12))]
 
 
 @_SETTINGS
@@ -306,7 +306,7 @@ def test_the_scored_search_places_by_look_exactly_as_node_by_node(
         configured = dataclasses.replace(snapshot, config=dataclasses.replace(snapshot.config, scorer=scorer))
         warm = engine.Engine()
         warm.searcher.group_alike = group_alike
-        plans.append(_two_cycles(engine, configured, later))
+        plans.append(_two_cycles(warm, configured, later))
     by_look, by_node = plans
     assert [p.placements for p in by_look] == [p.placements for p in by_node]
 
@@ -320,7 +320,7 @@ def test_a_cycle_reads_only_what_changed_and_still_answers_like_a_fresh_engine()
     assert len(first.placements) == 3
     after = applying.apply(snapshot, first)
     blocked = warm.run(after)
-    assert blocked == engine.run(after)
+    assert blocked == engine.Engine().run(after)
     # A telemetry change that frees nothing: the blocked groups keep their statuses without being retried.
     node = after.nodes[model.NodeName("n0")]
     touched = dataclasses.replace(
@@ -329,14 +329,14 @@ def test_a_cycle_reads_only_what_changed_and_still_answers_like_a_fresh_engine()
     nodes_now = dict(after.nodes)
     nodes_now[touched.name] = touched
     idle = dataclasses.replace(after, nodes=nodes_now)
-    assert warm.run(idle) == engine.run(idle)
+    assert warm.run(idle) == engine.Engine().run(idle)
     # A node that frees its GPUs: the blocked groups are tried again.
     emptied = dataclasses.replace(
         after,
         nodes={**nodes_now, model.NodeName("n3"): builders.node("n3", gpus=2)},
     )
     assert len(warm.run(emptied).placements) == 1
-    assert warm.run(emptied) == engine.run(emptied)
+    assert warm.run(emptied) == engine.Engine().run(emptied)
 
 
 def test_resources_sum_as_vectors() -> None:

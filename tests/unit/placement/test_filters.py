@@ -76,17 +76,6 @@ def test_a_toleration_for_another_effect_does_not_tolerate() -> None:
     assert filters.untolerated((taint,), only_no_schedule) == taint
 
 
-def test_gpu_models_come_from_in_on_the_product_label() -> None:
-    product = model.GPU_PRODUCT_LABEL
-    terms = (
-        model.AffinityTerm(expressions=(model.Requirement(key=product, operator=IN, values=("H100", "A100")),)),
-        model.AffinityTerm(expressions=(model.Requirement(key=product, operator=IN, values=("L40",)),)),
-    )
-    assert filters.gpu_models_from_affinity(terms) == ("A100", "H100", "L40")
-    open_term = (model.AffinityTerm(expressions=(model.Requirement(key="zone", operator=EXISTS),)),)
-    assert filters.gpu_models_from_affinity(terms + open_term) == ()
-
-
 def test_labels_nobody_selects_on_do_not_split_node_classes() -> None:
     first = filters.node_class(builders.node("a", labels={"kubernetes.io/hostname": "a"}), frozenset())
     second = filters.node_class(builders.node("b", labels={"kubernetes.io/hostname": "b"}), frozenset())

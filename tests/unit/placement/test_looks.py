@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common.resources import Resources
-from scheduler.placement import applying, capacity, decisions, devices, engine, model, scoring
+from scheduler.placement import applying, capacity, decisions, engine, model, scoring
 from tests.unit.placement import builders
 
 GIB = builders.GIB
@@ -138,7 +138,7 @@ def test_identical_nodes_share_one_look_until_one_of_them_changes_and_a_rollback
     checkpoint = cap.checkpoint()
     work = cap.by_order[1]
     cap.begin(work)
-    devices.take_whole(work, (0,))
+    work.take_whole((0,))
     cap.end(work)
     assert _looks(cap) == [[0, 2], [1]]
     cap.rollback(checkpoint)
@@ -164,11 +164,11 @@ def test_the_devices_a_pod_holds_whole_are_counted_from_the_snapshot_and_from_te
     work = cap.by_order[0]
     assert work.build_state().device_pod_gpus == (2, 2, 1, 0)
     cap.begin(work)
-    devices.give_back_whole(work, (2,))
+    work.give_back_whole((2,))
     cap.end(work)
     assert work.build_state().device_pod_gpus == (2, 2, 0, 0)
     cap.begin(work)
-    devices.take_whole(work, (2, 3))
+    work.take_whole((2, 3))
     cap.end(work)
     assert work.build_state().device_pod_gpus == (2, 2, 2, 2)
 
@@ -177,11 +177,11 @@ def test_one_two_gpu_pod_and_two_one_gpu_pods_look_different() -> None:
     cap = _capacity(builders.node("a", gpus=4), builders.node("b", gpus=4))
     first, second = cap.by_order
     cap.begin(first)
-    devices.take_whole(first, (0, 1))
+    first.take_whole((0, 1))
     cap.end(first)
     for device in (0, 1):
         cap.begin(second)
-        devices.take_whole(second, (device,))
+        second.take_whole((device,))
         cap.end(second)
     assert _looks(cap) == [[0], [1]]
 
@@ -223,7 +223,7 @@ def test_drawn_ties_count_every_tied_node_and_take_the_drawn_one_in_node_order()
     config = model.Config(scorer=scorer, actions=(model.Action.ALLOCATE,))
     groups = [builders.group("g", builders.pod("p", gpus=1))]
     snapshot = model.snapshot(nodes=nodes, queues=builders.open_queues(), groups=groups, now_ns=0, config=config)
-    result = engine.run(snapshot)
+    result = engine.Engine().run(snapshot)
     assert scorer.counts == [5]
     assert [placement.node for placement in result.placements] == ["n3"]
 
@@ -237,7 +237,7 @@ def test_a_pod_needing_more_slots_than_a_look_records_is_placed_node_by_node() -
     groups = [builders.group("g", hungry)]
     config = model.Config(scorer=_Coarse(), actions=(model.Action.ALLOCATE,))
     snapshot = model.snapshot(nodes=nodes, queues=builders.open_queues(), groups=groups, now_ns=0, config=config)
-    assert [placement.node for placement in engine.run(snapshot).placements] == ["b"]
+    assert [placement.node for placement in engine.Engine().run(snapshot).placements] == ["b"]
 
 
 def test_a_scorer_sees_the_models_of_the_devices() -> None:
@@ -251,5 +251,5 @@ def test_a_scorer_sees_the_models_of_the_devices() -> None:
     config = model.Config(scorer=scorer, actions=(model.Action.ALLOCATE,))
     groups = [builders.group("g", builders.pod("p", gpus=1))]
     snapshot = model.snapshot(nodes=nodes, queues=builders.open_queues(), groups=groups, now_ns=0, config=config)
-    assert engine.run(snapshot).placements
+    assert engine.Engine().run(snapshot).placements
     assert seen == [("T4", "T4")]

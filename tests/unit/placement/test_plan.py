@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler.placement import applying, capacity, engine, model, plan, search
+from scheduler.placement import applying, capacity, engine, model, plan, search, shapes
 from tests.unit.placement import builders
 
 
@@ -27,24 +27,24 @@ def test_rollback_restores_every_node_and_index_and_finish_undoes_the_cycle() ->
     initial = _picture(cap)
 
     def place(pod: model.Pod) -> None:
-        choice = searcher.find(search.shape_of(pod))
+        choice = searcher.find(shapes.shape_of(pod))
         assert choice is not None
         draft.place(pod, group, choice)
 
     place(builders.pod("a", gpus=2))
-    after_first = (_picture(cap), list(usage.allocated[model.QueueName("q")]))
+    after_first = (_picture(cap), usage.allocated[model.QueueName("q")])
     checkpoint = draft.checkpoint()
     place(builders.pod("b", fraction=500))
     place(builders.pod("c", fraction=250))
     place(builders.pod("d", gpus=4))
     assert len(draft.placements) == 4
     draft.rollback(checkpoint)
-    assert (_picture(cap), list(usage.allocated[model.QueueName("q")])) == after_first
+    assert (_picture(cap), usage.allocated[model.QueueName("q")]) == after_first
     assert [placement.pod for placement in draft.placements] == ["a"]
     result = draft.finish({}, {})
     assert [placement.pod for placement in result.placements] == ["a"]
     assert _picture(cap) == initial
-    assert usage.allocated[model.QueueName("q")] == [0, 0, 0]
+    assert usage.allocated[model.QueueName("q")] == model.ZERO
 
 
 def test_an_applied_plan_shows_pods_running_and_shares_in_one_gpu_group() -> None:
@@ -58,7 +58,7 @@ def test_an_applied_plan_shows_pods_running_and_shares_in_one_gpu_group() -> Non
         ],
         now_ns=7,
     )
-    result = engine.run(snapshot)
+    result = engine.Engine().run(snapshot)
     after = applying.apply(snapshot, result)
     node = after.nodes[model.NodeName("n0")]
     shared = [device for device in node.devices if device.gpu_group is not None]
@@ -69,4 +69,4 @@ def test_an_applied_plan_shows_pods_running_and_shares_in_one_gpu_group() -> Non
     pods = {pod.uid: pod for group in after.groups.values() for pod in group.members}
     assert all(pod.phase is model.PodPhase.RUNNING and pod.started_ns == 7 for pod in pods.values())
     assert pods[model.PodUid("a")].gpu_groups == pods[model.PodUid("b")].gpu_groups
-    assert engine.run(after).placements == ()
+    assert engine.Engine().run(after).placements == ()

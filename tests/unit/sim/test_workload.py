@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from common import clusterspec, quantities
+from common import clusterspec, names, quantities
 from common.errors import ClusterSpecError
-from scheduler.sim import workload
+from scheduler.sim import workload, workloadreport
 
 TWO_TEAMS = """
 nodes:
@@ -25,7 +25,7 @@ pods:
 """
 
 
-def run(text: str, step: str = "30s") -> workload.WorkloadReport:
+def run(text: str, step: str = "30s") -> workloadreport.WorkloadReport:
     return workload.run(clusterspec.loads(text), step_ns=quantities.parse_duration_ns(step))
 
 
@@ -62,7 +62,7 @@ pods:
 """
     report = run(text, step="5s")
     (queue,) = report.queues
-    assert queue.name == workload.DEFAULT_QUEUE
+    assert queue.name == names.DEFAULT_QUEUE
     assert queue.pods == 4
     assert queue.started == 2  # the two halves share the device; the gang of two whole GPUs never fits on one
     assert report.samples[0].gpu_percent == 100.0
@@ -80,6 +80,6 @@ pods:
 
 
 def test_jain_index_is_one_for_equal_ratios_and_one_over_n_for_a_monopoly() -> None:
-    assert workload.jain([1.0, 1.0, 1.0]) == pytest.approx(1.0)
-    assert workload.jain([1.0, 0.0, 0.0, 0.0]) == pytest.approx(0.25)
-    assert workload.jain([]) is None
+    assert workloadreport.jain([1.0, 1.0, 1.0]) == pytest.approx(1.0)
+    assert workloadreport.jain([1.0, 0.0, 0.0, 0.0]) == pytest.approx(0.25)
+    assert workloadreport.jain([]) is None

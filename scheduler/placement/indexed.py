@@ -1,0 +1,145 @@
+"""The indexed search: binpack placements found by walking the capacity indexes, without scoring any node.
+
+Used for the default strategy (binpack at node and device level) and for whole GPUs under either strategy. Each
+walk visits the candidates in the order the built-in scorer would rank them (free whole devices per node, shared
+devices by free share, nodes by free devices then CPU) and stops at the first node that also has the CPU, memory
+and pod slots, so its cost does not grow with the number of nodes, which is what makes thousands of pods per second
+on 5,000 nodes possible. A property test holds it to the scored search with the built-in scorer (``search``).
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from scheduler.placement import capacity, devices, nodework, shapes
+
+
+def find_cpu(cap: capacity.Capacity, shape: shapes.Shape, eligible: tuple[int, ...]) -> shapes.Choice | None:
+    """Binpack for a CPU-only pod: the node with the fewest free devices, then the least CPU left after it."""
+    classes = cap.classes
+    by_order = cap.by_order
+    best: tuple[int, int, int] | None = None
+    for cls in eligible:
+        entries = classes[cls].cpu
+        position = 0
+        while position < len(entries):
+            whole, free_cpu, order = entries[position]
+            if free_cpu < shape.milli_cpu:
+                # skip to this free-device count's first node with enough CPU
+                position = bisect.bisect_left(entries, (whole, shape.milli_cpu, -1), position + 1)
+                continue
+            if best is not None and (whole, free_cpu, order) >= best:
+                break
+            if by_order[order].fits_basics(shape.milli_cpu, shape.memory_bytes, shape.pods):
+                best = (whole, free_cpu, order)
+                # a later entry of the same class is worse; move on to the next class
+                break
+            position += 1
+    if best is None:
+        return None
+    return shapes.Choice(work=by_order[best[2]], devices=())
+
+
+def find_whole(
+    cap: capacity.Capacity, shape: shapes.Shape, eligible: tuple[int, ...], *, spread: bool
+) -> shapes.Choice | None:
+    """Whole GPUs: the node left with the fewest free devices (the most with ``spread``), then node order."""
+    classes = cap.classes
+    by_order = cap.by_order
+    counts = sorted(
+        {count for cls in eligible for count, bucket in classes[cls].whole.items() if bucket},
+        reverse=spread,
+    )
+    models = shape.constraints.gpu_models
+    for count in counts:
+        if count < shape.whole_gpus:
+            continue
+        best: shapes.Choice | None = None
+        for cls in eligible:
+            for order in classes[cls].whole.get(count, ()):
+                if best is not None and order >= best.work.order:
+                    break
+                work = by_order[order]
+                if not work.fits_basics(shape.milli_cpu, shape.memory_bytes, shape.pods):
+                    continue
+                chosen = work.pick_whole(shape.whole_gpus, models)
+                if chosen is not None:
+                    best = shapes.Choice(work=work, devices=chosen)
+                    break
+        if best is not None:
+            return best
+    return None
+
+
+def find_share(
+    cap: capacity.Capacity, shape: shapes.Shape, milli: int, eligible: tuple[int, ...], *, demanded: tuple[int, ...]
+) -> shapes.Choice | None:
+    """A share of one device, binpacked, in three steps (each tried only when the one before found nothing)."""
+    classes = cap.classes
+    by_order = cap.by_order
+    models = shape.constraints.gpu_models
+    # 1. A shared device left with nothing, or with a remainder some pending pod asks for, smallest first.
+    for remainder in (0, *demanded):
+        target = milli + remainder
+        if target > devices.FULL:
+            break
+        best: tuple[int, int, int, int] | None = None
+        for cls in eligible:
+            shared = classes[cls].shared
+            position = bisect.bisect_left(shared, (target, -1, -1, -1))
+            while position < len(shared) and shared[position][0] == target:
+                entry = shared[position]
+                position += 1
+                if best is not None and entry >= best:
+                    break
+                work = by_order[entry[2]]
+                if work.fits_basics(shape.milli_cpu, shape.memory_bytes, shape.pods) and work.model_allowed(
+                    entry[3], models
+                ):
+                    best = entry
+                    break
+        if best is not None:
+            return shapes.Choice(work=by_order[best[2]], devices=(best[3],), share_milli=(milli,))
+    # 2. The tightest shared device with room.
+    best = None
+    for cls in eligible:
+        shared = classes[cls].shared
+        position = bisect.bisect_left(shared, (milli, -1, -1, -1))
+        while position < len(shared):
+            entry = shared[position]
+            position += 1
+            if best is not None and entry >= best:
+                break
+            work = by_order[entry[2]]
+            if work.fits_basics(shape.milli_cpu, shape.memory_bytes, shape.pods) and work.model_allowed(
+                entry[3], models
+            ):
+                best = entry
+                break
+    if best is not None:
+        return shapes.Choice(work=by_order[best[2]], devices=(best[3],), share_milli=(milli,))
+    # 3. Open a new group on a free device of the node with the fewest free devices (one more pod slot).
+    counts = sorted({count for cls in eligible for count, bucket in classes[cls].whole.items() if bucket})
+    for count in counts:
+        found: shapes.Choice | None = None
+        for cls in eligible:
+            for order in classes[cls].whole.get(count, ()):
+                if found is not None and order >= found.work.order:
+                    break
+                work = by_order[order]
+                if not work.fits_basics(shape.milli_cpu, shape.memory_bytes, shape.pods + 1):
+                    continue
+                device = _first_free_device(work, milli, models)
+                if device is not None:
+                    found = shapes.Choice(work=work, devices=(device,), share_milli=(milli,))
+                    break
+        if found is not None:
+            return found
+    return None
+
+
+def _first_free_device(work: nodework.NodeWork, milli: int, models: tuple[str, ...]) -> int | None:
+    for device, whole in enumerate(work.dev_whole):
+        if whole and work.dev_free[device] >= milli and work.model_allowed(device, models):
+            return device
+    return None
