@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from agent.gpus.probe import GpuProbe
+from agent.loop import AgentLoop
 from agent.metrics import CONTENT_TYPE, AgentMetrics
 from agent.podmap import PodMapper
-from agent.publishing import AgentLoop
 from common import command, config, logs, tasks
 from common.config import Setting
 from common.errors import ConfigError

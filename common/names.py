@@ -87,6 +87,10 @@ OVER_QUOTA_CONDITION: Final = "OverQuota"
 """Queue condition: allocated above quota for some resource."""
 DEFAULT_SCHEDULER: Final = "default-scheduler"
 """The API server's default ``spec.schedulerName``."""
+HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
+"""Node label: the node's name; a pod pre-bound to a node in a cluster spec selects it."""
+OS_LABEL: Final = "kubernetes.io/os"
+ARCH_LABEL: Final = "kubernetes.io/arch"
 
 # --- Quotient: what the binder records on a pod (read back after a restart) ---------------------------------------
 

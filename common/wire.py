@@ -23,7 +23,7 @@ are what ``_rejection`` classifies. Keeping both here keeps msgspec behind one m
 
 Out-of-order delivery (a JetStream replay, a redelivery, two agents briefly alive on one node during a rolling
 update) is not a decoding matter: ``common.sequencing``'s ``SequenceGate`` decides, per node, whether a decoded
-message is newer than what was already accepted (also reachable here as ``wire.SequenceGate``).
+message is newer than what was already accepted.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from typing import Annotated, Final, Literal, TypeVar
 
 import msgspec
 
-from common import sequencing
 from common.errors import WireError, WireReason
 
 SCHEMA_VERSION: Final = 1
@@ -51,8 +50,6 @@ MAX_HEALTH_PROBLEMS: Final = 256
 MAX_ALERT_LABELS: Final = 64
 
 # The gate that orders decoded messages lives in common.sequencing; its names stay reachable here for their callers.
-Admission = sequencing.Admission
-SequenceGate = sequencing.SequenceGate
 
 # --- constrained scalars (Meta checks run inside the C decoder) ---
 

@@ -1,7 +1,7 @@
 """Emulated GPU nodes: many real agents in one process, each over fake GPUs and a proc tree of its own.
 
 Every GPU node of a cluster spec gets a :class:`agent.fakenode.FakeNode` (fake NVML, plus the /proc files that
-attribute its processes to pods) and an :class:`agent.publishing.AgentLoop`, the production agent loop, unchanged.
+attribute its processes to pods) and an :class:`agent.loop.AgentLoop`, the production agent loop, unchanged.
 They share one NATS connection (a real node has one agent and one connection; hundreds of emulated nodes in one
 process do not need hundreds of sockets) and publish on their own node's subjects. The demo, the emulator and the
 tests drive the fakes: pods start and stop, memory follows scripts, failures are injected.
@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from agent import fakenode
+from agent.loop import AgentLoop
 from agent.metrics import AgentMetrics
 from agent.podmap import PodMapper
-from agent.publishing import AgentLoop
 from common import clusterspec, command, config, logs, tasks
 from common.config import Setting
 from common.natsconn import NatsBus

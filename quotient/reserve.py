@@ -23,7 +23,7 @@ from common import command, config, logs, names, retrying
 from common.backoff import Backoff
 from common.config import Setting
 from common.errors import ConfigError
-from scheduler.kube import client
+from scheduler.kube import client, kubeapi
 from scheduler.kube.errors import KubeError, KubeUnavailable
 
 log = logs.get("reserve")
@@ -55,7 +55,7 @@ def read_device(probe: GpuProbe) -> tuple[str, int]:
 
 
 async def report_device(
-    api: client.KubeApi,
+    api: kubeapi.KubeApi,
     *,
     namespace: str,
     name: str,
@@ -77,7 +77,7 @@ async def report_device(
 
     try:
         await retrying.retry(
-            lambda: api.patch(client.PODS, patch, name=name, namespace=namespace),
+            lambda: api.patch(kubeapi.PODS, patch, name=name, namespace=namespace),
             backoff=backoff or Backoff(base_s=0.2, cap_s=10.0),
             retry_on=KubeUnavailable,
             attempts=attempts,
@@ -89,7 +89,7 @@ async def report_device(
     log.info("reserved", pod=f"{namespace}/{name}", uuid=uuid, index=index)
 
 
-async def run(api: client.KubeApi, probe: GpuProbe, *, namespace: str, name: str) -> None:
+async def run(api: kubeapi.KubeApi, probe: GpuProbe, *, namespace: str, name: str) -> None:
     """Report the device this pod holds, then hold it until the pod is deleted (SIGTERM cancels this)."""
     uuid, index = await asyncio.to_thread(read_device, probe)
     await report_device(api, namespace=namespace, name=name, uuid=uuid, index=index)

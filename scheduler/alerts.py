@@ -20,7 +20,7 @@ import dataclasses
 import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Final, Protocol
+from typing import Final
 
 from common import logs, messaging, subjects, wire
 from common.errors import BusError, WireError
@@ -33,12 +33,6 @@ log = logs.get("scheduler.alerts")
 # A burst of transitions (a node of 8 GPUs going stale, a flapping cluster) is a few hundred; beyond that the oldest
 # wait longest and matter least, so they are the ones dropped.
 DEFAULT_MAX_QUEUED: Final = 4096
-
-
-class EventSink(Protocol):
-    """Where Events go (``kube.events.EventRecorder``): ``record`` returns at once and never raises."""
-
-    def record(self, ref: events.ObjectRef, *, type: events.EventType, reason: str, message: str) -> None: ...
 
 
 @dataclasses.dataclass(slots=True)
@@ -87,7 +81,7 @@ class AlertSink:
         self,
         *,
         metrics: SchedulerMetrics,
-        recorder: EventSink,
+        recorder: events.EventSink,
         bus: messaging.MessageBus | None,
         identity: str,
         max_queued: int = DEFAULT_MAX_QUEUED,

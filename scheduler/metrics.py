@@ -14,15 +14,26 @@ the ones that are gone, so cardinality follows the cluster and never grows with 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from common.resources import Resources
 from scheduler.telemetry import live
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-_RESOURCES = (("gpu", 1000), ("cpu", 1000), ("memory", 1))
-"""Label and divisor: milli-GPU to devices, millicores to cores, bytes stay bytes."""
+_RESOURCES: tuple[tuple[str, int, Callable[[Resources], int]], ...] = (
+    ("gpu", 1000, lambda amounts: amounts.milli_gpu),
+    ("cpu", 1000, lambda amounts: amounts.milli_cpu),
+    ("memory", 1, lambda amounts: amounts.memory_bytes),
+)
+"""Label, divisor and reading: milli-GPU to devices, millicores to cores, bytes stay bytes."""
+UNLIMITED = Resources(milli_gpu=-1, milli_cpu=-1, memory_bytes=-1)
+
+
+def _setting(amount: int, divisor: int) -> float:
+    """A quota or limit in display units; -1 (unlimited) stays -1."""
+    return amount if amount < 0 else amount / divisor
 
 
 class SchedulerMetrics:
@@ -162,25 +173,26 @@ class SchedulerMetrics:
         self,
         queue: str,
         *,
-        fair: tuple[int, int, int],
-        deserved: tuple[int, int, int],
-        quota: tuple[int, int, int],
-        limit: tuple[int, int, int] = (-1, -1, -1),
-        allocated: tuple[int, int, int],
-        requested: tuple[int, int, int],
+        fair: Resources,
+        deserved: Resources,
+        quota: Resources,
+        limit: Resources = UNLIMITED,
+        allocated: Resources,
+        requested: Resources,
     ) -> None:
+        """One queue's figures, in devices, cores and bytes; a quota or limit of -1 (unlimited) stays -1."""
         self._queues.add(queue)
-        for index, (resource, divisor) in enumerate(_RESOURCES):
-            self.queue_fair_share.labels(queue, resource).set(fair[index] / divisor)
-            self.queue_deserved.labels(queue, resource).set(deserved[index] / divisor)
-            self.queue_quota.labels(queue, resource).set(quota[index] if quota[index] < 0 else quota[index] / divisor)
-            self.queue_limit.labels(queue, resource).set(limit[index] if limit[index] < 0 else limit[index] / divisor)
-            self.queue_allocated.labels(queue, resource).set(allocated[index] / divisor)
-            self.queue_requested.labels(queue, resource).set(requested[index] / divisor)
+        for resource, divisor, amount in _RESOURCES:
+            self.queue_fair_share.labels(queue, resource).set(amount(fair) / divisor)
+            self.queue_deserved.labels(queue, resource).set(amount(deserved) / divisor)
+            self.queue_quota.labels(queue, resource).set(_setting(amount(quota), divisor))
+            self.queue_limit.labels(queue, resource).set(_setting(amount(limit), divisor))
+            self.queue_allocated.labels(queue, resource).set(amount(allocated) / divisor)
+            self.queue_requested.labels(queue, resource).set(amount(requested) / divisor)
 
     def forget_queues(self, keep: set[str]) -> None:
         for queue in self._queues - keep:
-            for resource, _ in _RESOURCES:
+            for resource, _, _ in _RESOURCES:
                 for gauge in (
                     self.queue_fair_share,
                     self.queue_deserved,

@@ -110,7 +110,7 @@ def build_node(
     unowned: tuple[spec.UnownedProcess, ...] = (),
 ) -> spec.NodeSpec:
     """The node of checked parts: devices numbered from 0 with their UUIDs, the standard labels under ``labels``."""
-    standard = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
+    standard = {names.HOSTNAME_LABEL: name, names.OS_LABEL: "linux", names.ARCH_LABEL: "amd64"}
     gpus: tuple[spec.GpuSpec, ...] = ()
     if model is not None:
         gpus = tuple(

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agent import fakenode, sampling
+from agent.loop import AgentLoop
 from agent.metrics import AgentMetrics
 from agent.podmap import PodMapper
-from agent.publishing import AgentLoop
 from common import clusterspec, wire
 from common.natsconn import NatsBus
 from common.natsserver import NatsServer

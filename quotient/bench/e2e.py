@@ -80,19 +80,19 @@ async def _watch_until(
     server: str, count: int, timeout_s: float, start_load: Callable[[], None]
 ) -> dict[str, tuple[int, int]]:
     """pod name -> (created ns, bound ns), from a watch on the emulator that starts before the first pod."""
-    from scheduler.kube import client
+    from scheduler.kube import client, kubeapi
 
     api = await client.KubeClient.connect(server=server)
     bound: dict[str, tuple[int, int]] = {}
     try:
-        listed = await api.list(client.PODS, namespace="default")
+        listed = await api.list(kubeapi.PODS, namespace="default")
         rv = listed.resource_version
         start_load()
         deadline = time.monotonic() + timeout_s
         while len(bound) < count and time.monotonic() < deadline:
             with contextlib.suppress(Exception):
                 async with contextlib.aclosing(
-                    api.watch(client.PODS, resource_version=rv, namespace="default", timeout_s=30)
+                    api.watch(kubeapi.PODS, resource_version=rv, namespace="default", timeout_s=30)
                 ) as stream:
                     async for event in stream:
                         obj = event.object

@@ -65,7 +65,7 @@ def _node(index: int, gpus: int) -> model.Node:
     return model.Node(
         name=name,
         allocatable=Resources(milli_cpu=128_000, memory_bytes=1024 * GIB, milli_gpu=gpus * 1000, pods=110),
-        labels={names.GPU_PRODUCT_LABEL: "NVIDIA-A100-SXM4-80GB", "kubernetes.io/hostname": name},
+        labels={names.GPU_PRODUCT_LABEL: "NVIDIA-A100-SXM4-80GB", names.HOSTNAME_LABEL: name},
         devices=tuple(
             model.Device(
                 index=device,

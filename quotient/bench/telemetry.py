@@ -56,7 +56,7 @@ from common import command, quantities, wire
 from common.natsconn import NatsBus
 from common.natsserver import NatsServer
 from quotient.bench import telemetryalerts, telemetryload
-from scheduler.telemetry import consumer
+from scheduler.telemetry.feed import consumer
 
 NS_PER_S: Final = quantities.NS_PER_S
 BUDGET_MSGS_PER_SECOND: Final = 20_000
@@ -145,7 +145,7 @@ async def _measure(args: argparse.Namespace) -> dict[str, object]:
     with NatsServer() as server:
         plan = _plan(args, server.url)
         views = telemetryalerts.views(plan)
-        detector = telemetryalerts.detector(grace_ns=grace_ns)
+        detector = telemetryalerts.make_detector(grace_ns=grace_ns)
         alerts = telemetryalerts.Alerts()
         bus = NatsBus(servers=server.url, name="bench-telemetry-consumer")
         await bus.connect_once()

@@ -14,7 +14,8 @@ from typing import Final
 
 from common import quantities, wire
 from quotient.bench import telemetryload
-from scheduler.telemetry import consumer, overuse
+from scheduler.telemetry import detector, overuse
+from scheduler.telemetry.feed import consumer
 
 # Slack above the allotment before a pod counts as over: the crossing pod (16 GiB of 10) is far beyond it.
 _TOLERANCE_BYTES: Final = quantities.GIB // 2
@@ -22,9 +23,9 @@ _TOLERANCE_BYTES: Final = quantities.GIB // 2
 _NEVER_NS: Final = 3600 * quantities.NS_PER_S
 
 
-def detector(*, grace_ns: int) -> overuse.OveruseDetector:
+def make_detector(*, grace_ns: int) -> detector.OveruseDetector:
     """The detector as the bench runs it: over-consumption with ``grace_ns``, the other alerts out of reach."""
-    return overuse.OveruseDetector(
+    return detector.OveruseDetector(
         overuse.Settings(
             tolerance_bytes=_TOLERANCE_BYTES,
             grace_ns=grace_ns,
@@ -74,7 +75,7 @@ class Alerts:
 
 async def feed_detector(
     telemetry: consumer.TelemetryConsumer,
-    detector: overuse.OveruseDetector,
+    detector: detector.OveruseDetector,
     views: Mapping[str, overuse.NodeView],
     alerts: Alerts,
 ) -> None:

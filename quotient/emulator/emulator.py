@@ -33,7 +33,7 @@ from quotient.emulator.faults import Fault, Faults
 from quotient.emulator.kinds import Kind, default_registry
 from quotient.emulator.kubelets import KubeletConfig, Kubelets
 from quotient.emulator.objects import Obj, clone, metadata, set_condition, timestamp
-from quotient.emulator.reservations import ReservationAgent
+from quotient.emulator.reserving import ReservationAgent
 from quotient.emulator.runtime import ContainerRuntime
 from quotient.emulator.server import Server, ServerConfig
 from quotient.emulator.store import DEFAULT_HISTORY_EVENTS, Store

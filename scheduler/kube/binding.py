@@ -34,14 +34,14 @@ import dataclasses
 import enum
 import hashlib
 import re
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from typing import Any
 
-from common import logs
+from common import logs, names, retrying, tasks
 from common.backoff import Backoff
-from scheduler.kube import client, reservations
+from scheduler.kube import kubeapi, reservations
 from scheduler.kube.errors import KubeAlreadyExists, KubeError, KubeNotFound, KubeUnavailable
 from scheduler.placement import decisions
-from scheduler.state import objects
 
 log = logs.get("scheduler.binding")
 
@@ -67,6 +67,11 @@ class PodRef:
     uid: str
 
 
+class Operation(enum.StrEnum):
+    BIND = "bind"
+    EVICT = "evict"
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Report:
     pod: PodRef
@@ -76,6 +81,7 @@ class Report:
     attempts: int = 1
     reason: str = ""
     """For ``not-reserved``: the reservation's reason code (``ReservationTimeout``, ...)."""
+    operation: Operation = Operation.BIND
 
 
 ReportSink = Callable[[Report], Awaitable[None]]
@@ -95,18 +101,12 @@ def placement_annotations(
     """What the binder records on the pod: its devices, its share and GPU groups, and ``extra`` (``pod-group-name``)."""
     annotations = dict(extra or {})
     if placement.devices:
-        annotations[objects.GPU_DEVICES_ANNOTATION] = ",".join(str(index) for index in placement.devices)
+        annotations[names.GPU_DEVICES_ANNOTATION] = ",".join(str(index) for index in placement.devices)
     if placement.share_milli:
-        annotations[objects.GPU_SHARE_ANNOTATION] = str(placement.share_milli[0])
+        annotations[names.GPU_SHARE_ANNOTATION] = str(placement.share_milli[0])
         if gpu_groups:
-            annotations[objects.GPU_GROUPS_ANNOTATION] = ",".join(gpu_groups)
+            annotations[names.GPU_GROUPS_ANNOTATION] = ",".join(gpu_groups)
     return annotations
-
-
-GPU_UUIDS_ANNOTATION = "quotient.dev/gpu-uuids"
-"""The UUIDs of the devices a share runs on (its reservation pods'), comma-separated in device order."""
-VISIBLE_DEVICES_KEY = "NVIDIA_VISIBLE_DEVICES"
-GPU_PORTION_KEY = "GPU_PORTION"
 
 
 def portion_text(share_milli: int) -> str:
@@ -124,17 +124,17 @@ def configmap_body(*, name: str, pod: PodRef, uuids: Sequence[str], share_milli:
         "metadata": {
             "name": name,
             "namespace": pod.namespace,
-            "labels": {"app.kubernetes.io/managed-by": "quotient"},
+            "labels": {names.MANAGED_BY_LABEL: names.PRODUCT},
             "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid}],
         },
-        "data": {VISIBLE_DEVICES_KEY: ",".join(uuids), GPU_PORTION_KEY: portion_text(share_milli)},
+        "data": {names.VISIBLE_DEVICES_ENV: ",".join(uuids), names.GPU_PORTION_ENV: portion_text(share_milli)},
     }
 
 
 def placement_labels(placement: decisions.Placement, gpu_groups: Sequence[str]) -> dict[str, str]:
     """The ``runai-gpu-group`` label of a shared pod (KAI users select and inspect it); none for other pods."""
     if placement.share_milli and gpu_groups:
-        return {objects.GPU_GROUP_LABEL: gpu_groups[0]}
+        return {names.GPU_GROUP_LABEL: gpu_groups[0]}
     return {}
 
 
@@ -143,7 +143,7 @@ class Binder:
 
     def __init__(
         self,
-        api: client.KubeApi,
+        api: kubeapi.KubeApi,
         *,
         report: ReportSink,
         concurrency: int = 32,
@@ -157,11 +157,7 @@ class Binder:
         self._slots = asyncio.Semaphore(concurrency)
         self._backoff = backoff or Backoff(base_s=0.05, cap_s=2.0)
         self._max_attempts = max_attempts
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._tasks)
+        self._tasks = tasks.TaskSet("binder")
 
     def submit_bind(
         self,
@@ -175,8 +171,10 @@ class Binder:
         ``configmap`` (the name the webhook chose; None when the pod was admitted without the webhook)."""
         self._spawn(self._bind(pod, placement, gpu_groups, extra_annotations, configmap))
 
-    def submit_evict(self, pod: PodRef, eviction: decisions.Eviction) -> None:
-        self._spawn(self._evict(pod, eviction))
+    def submit_evict(self, pod: PodRef, *, node: str, disruption: str, message: str) -> None:
+        """Evict ``pod``: a ``DisruptionTarget`` condition with reason ``disruption`` (Kubernetes' own reasons,
+        ``PreemptionByScheduler`` or ``TerminationByScheduler``) and ``message``, then the delete."""
+        self._spawn(self._evict(pod, node=node, disruption=disruption, message=message))
 
     def submit_nomination(self, pod: PodRef, node: str | None) -> None:
         """Record where the room an eviction makes is meant to go (``status.nominatedNodeName``, as kube-scheduler
@@ -187,7 +185,7 @@ class Binder:
         try:
             async with self._slots:
                 await self._api.patch(
-                    client.PODS,
+                    kubeapi.PODS,
                     {"status": {"nominatedNodeName": node}},
                     name=pod.name,
                     namespace=pod.namespace,
@@ -196,43 +194,44 @@ class Binder:
         except KubeError as exc:
             log.warning("nomination_failed", pod=f"{pod.namespace}/{pod.name}", error=str(exc))
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        self._tasks.spawn(work, name="binding")
 
     async def drain(self) -> None:
         """Wait for every submitted call to finish (tests, shutdown)."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self._tasks.drain()
 
     async def cancel(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self._tasks.cancel()
 
     async def _retrying(self, what: str, call: Callable[[], Awaitable[Report]], pod: PodRef) -> Report:
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                async with self._slots:
-                    report = await call()
-                return dataclasses.replace(report, attempts=attempt)
-            except KubeUnavailable as exc:
-                if attempt >= self._max_attempts:
-                    return Report(
-                        pod=pod,
-                        outcome=Outcome.FAILED,
-                        node=None,
-                        message=f"{what} failed {attempt} times, last: {exc}",
-                        attempts=attempt,
-                    )
-                delay = self._backoff.delay_s(attempt - 1)
-                log.warning("api_retry", what=what, pod=f"{pod.namespace}/{pod.name}", attempt=attempt, error=str(exc))
-                await asyncio.sleep(delay)
-            except KubeError as exc:
-                return Report(pod=pod, outcome=Outcome.FAILED, node=None, message=f"{what}: {exc}", attempts=attempt)
+        """``call`` with a slot, retried while the API is unavailable; a failure that retrying cannot fix (or the
+        last one) becomes a ``failed`` report."""
+        attempts = 0
+
+        async def once() -> Report:
+            nonlocal attempts
+            attempts += 1
+            async with self._slots:
+                return await call()
+
+        def retried(attempt: int, exc: BaseException, delay_s: float) -> None:
+            log.warning("api_retry", what=what, pod=f"{pod.namespace}/{pod.name}", attempt=attempt, error=str(exc))
+
+        try:
+            report = await retrying.retry(
+                once,
+                backoff=self._backoff,
+                retry_on=KubeUnavailable,
+                attempts=self._max_attempts,
+                on_retry=retried,
+            )
+        except KubeUnavailable as exc:
+            message = f"{what} failed {attempts} times, last: {exc}"
+            return Report(pod=pod, outcome=Outcome.FAILED, node=None, message=message, attempts=attempts)
+        except KubeError as exc:
+            return Report(pod=pod, outcome=Outcome.FAILED, node=None, message=f"{what}: {exc}", attempts=attempts)
+        return dataclasses.replace(report, attempts=attempts)
 
     async def _bind(
         self,
@@ -272,9 +271,9 @@ class Binder:
 
     async def _write_configmap(self, name: str, body: Mapping[str, object], pod: PodRef) -> None:
         try:
-            await self._api.create(client.CONFIG_MAPS, body, namespace=pod.namespace)
+            await self._api.create(kubeapi.CONFIG_MAPS, body, namespace=pod.namespace)
         except KubeAlreadyExists:
-            await self._api.patch(client.CONFIG_MAPS, {"data": body["data"]}, name=name, namespace=pod.namespace)
+            await self._api.patch(kubeapi.CONFIG_MAPS, {"data": body["data"]}, name=name, namespace=pod.namespace)
 
     async def _bind_once_reserved(
         self,
@@ -288,7 +287,7 @@ class Binder:
         node = str(placement.node)
         annotations = placement_annotations(placement, gpu_groups, extra_annotations)
         if uuids:
-            annotations[GPU_UUIDS_ANNOTATION] = ",".join(uuids)
+            annotations[names.GPU_UUIDS_ANNOTATION] = ",".join(uuids)
         labels = placement_labels(placement, gpu_groups)
 
         async def once() -> Report:
@@ -299,7 +298,7 @@ class Binder:
                 # Labels cannot ride on a Binding; the annotations go with them so the pod is complete before the bind.
                 try:
                     await self._api.patch(
-                        client.PODS,
+                        kubeapi.PODS,
                         {"metadata": {"labels": labels, "annotations": annotations}},
                         name=pod.name,
                         namespace=pod.namespace,
@@ -309,11 +308,11 @@ class Binder:
             result = await self._api.bind_pod(
                 namespace=pod.namespace, name=pod.name, node=node, uid=pod.uid, annotations=annotations
             )
-            if result.outcome is client.BindOutcome.BOUND:
+            if result.outcome is kubeapi.BindOutcome.BOUND:
                 return Report(pod=pod, outcome=Outcome.BOUND, node=node, message=f"bound to {node}")
-            if result.outcome is client.BindOutcome.POD_GONE:
+            if result.outcome is kubeapi.BindOutcome.POD_GONE:
                 return Report(pod=pod, outcome=Outcome.GONE, node=None, message="the pod was deleted")
-            current = await self._api.get(client.PODS, name=pod.name, namespace=pod.namespace)
+            current = await self._api.get(kubeapi.PODS, name=pod.name, namespace=pod.namespace)
             bound_to = ((current or {}).get("spec") or {}).get("nodeName")
             if bound_to == node and ((current or {}).get("metadata") or {}).get("uid") == pod.uid:
                 return Report(pod=pod, outcome=Outcome.BOUND, node=node, message=f"already bound to {node}")
@@ -327,34 +326,20 @@ class Binder:
         report = await self._retrying("bind", once, pod)
         await self._deliver(report)
 
-    async def _evict(self, pod: PodRef, eviction: decisions.Eviction) -> None:
+    async def _evict(self, pod: PodRef, *, node: str, disruption: str, message: str) -> None:
         async def once() -> Report:
             result = await self._api.evict_pod(
-                namespace=pod.namespace,
-                name=pod.name,
-                uid=pod.uid,
-                reason=_DISRUPTION_REASONS.get(eviction.reason, "PreemptionByScheduler"),
-                message=eviction.message,
+                namespace=pod.namespace, name=pod.name, uid=pod.uid, reason=disruption, message=message
             )
-            if result.outcome is client.EvictOutcome.POD_GONE:
-                return Report(pod=pod, outcome=Outcome.GONE, node=str(eviction.node), message="already gone")
-            return Report(pod=pod, outcome=Outcome.EVICTED, node=str(eviction.node), message=eviction.message)
+            if result.outcome is kubeapi.EvictOutcome.POD_GONE:
+                return Report(pod=pod, outcome=Outcome.GONE, node=node, message="already gone")
+            return Report(pod=pod, outcome=Outcome.EVICTED, node=node, message=message)
 
         report = await self._retrying("evict", once, pod)
-        await self._deliver(report)
+        await self._deliver(dataclasses.replace(report, operation=Operation.EVICT))
 
     async def _deliver(self, report: Report) -> None:
         try:
             await self._report(report)
         except Exception:  # one bad callback must not lose the other reports
             log.exception("binding_report_failed", pod=f"{report.pod.namespace}/{report.pod.name}")
-
-
-# The DisruptionTarget condition's reasons Kubernetes defines (k8s.io/api/core/v1: PodReasonPreemptionByScheduler, ...).
-_DISRUPTION_REASONS: dict[decisions.EvictionReason, str] = {
-    decisions.EvictionReason.RECLAIM: "PreemptionByScheduler",
-    decisions.EvictionReason.PREEMPT: "PreemptionByScheduler",
-    decisions.EvictionReason.CONSOLIDATE: "PreemptionByScheduler",
-    decisions.EvictionReason.STALE_GANG: "TerminationByScheduler",
-    decisions.EvictionReason.OVERUSE: "TerminationByScheduler",
-}

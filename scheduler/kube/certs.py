@@ -42,7 +42,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from common import logs
 from common.errors import ConfigError
-from scheduler.kube import client
+from scheduler.kube import kubeapi
 from scheduler.kube.errors import KubeConflict
 
 log = logs.get("scheduler.kube.certs")
@@ -52,7 +52,7 @@ KEY_FILE = "tls.key"
 CA_FILE = "ca.crt"
 """The file names of a ``kubernetes.io/tls`` Secret as cert-manager writes it; ours are written the same way."""
 
-WEBHOOK_CONFIGURATIONS = client.Resource(
+WEBHOOK_CONFIGURATIONS = kubeapi.Resource(
     group="admissionregistration.k8s.io",
     version="v1",
     plural="mutatingwebhookconfigurations",
@@ -327,7 +327,7 @@ class BundleOutcome(enum.StrEnum):
 
 
 async def patch_ca_bundle(
-    api: client.KubeApi,
+    api: kubeapi.KubeApi,
     *,
     configuration_name: str,
     ca_pem: bytes,

@@ -24,11 +24,11 @@ import enum
 import itertools
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from common import logs
 from common.backoff import Backoff
-from scheduler.kube import client
+from scheduler.kube import kubeapi
 from scheduler.kube.errors import KubeAlreadyExists, KubeError, KubeNotFound, KubeUnavailable
 
 log = logs.get("scheduler.kube.events")
@@ -44,6 +44,21 @@ class EventType(enum.StrEnum):
     WARNING = "Warning"
 
 
+class Described(Protocol):
+    """What an event needs to know of the object it is about; every record of ``scheduler.objects`` has it."""
+
+    @property
+    def api_version(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def uid(self) -> str: ...
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ObjectRef:
     """The object an event is about (its ``involvedObject``)."""
@@ -53,6 +68,17 @@ class ObjectRef:
     name: str
     namespace: str = ""
     uid: str = ""
+
+    @classmethod
+    def of_record(cls, record: Described) -> ObjectRef:
+        """The reference to an object the scheduler holds as a record (``scheduler.objects.records``)."""
+        return cls(
+            api_version=record.api_version,
+            kind=record.kind,
+            name=record.name,
+            namespace=record.namespace,
+            uid=record.uid,
+        )
 
     @classmethod
     def of(cls, obj: Mapping[str, Any]) -> ObjectRef:
@@ -72,6 +98,13 @@ class ObjectRef:
         if self.uid:
             ref["uid"] = self.uid
         return ref
+
+
+class EventSink(Protocol):
+    """Where Events go (``EventRecorder``): ``record`` returns at once and never raises; the writes happen later,
+    aggregated and rate-limited."""
+
+    def record(self, ref: ObjectRef, *, type: EventType, reason: str, message: str) -> None: ...
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
@@ -140,7 +173,7 @@ class EventRecorder:
 
     def __init__(
         self,
-        api: client.KubeApi,
+        api: kubeapi.KubeApi,
         *,
         component: str = "quotient",
         instance: str = "",
@@ -245,9 +278,9 @@ class EventRecorder:
     async def _write(self, entry: _Entry) -> None:
         namespace = entry.ref.namespace or CLUSTER_EVENT_NAMESPACE
         if entry.name is not None:
-            patch = {"count": entry.count, "lastTimestamp": client.rfc3339(entry.last)}
+            patch = {"count": entry.count, "lastTimestamp": kubeapi.rfc3339(entry.last)}
             try:
-                await self._api.patch(client.EVENTS, patch, name=entry.name, namespace=namespace)
+                await self._api.patch(kubeapi.EVENTS, patch, name=entry.name, namespace=namespace)
                 self.stats.patched += 1
                 return
             except KubeNotFound:
@@ -258,7 +291,7 @@ class EventRecorder:
             stamp_ns = int(self._wall().timestamp() * 1e9)
             name = f"{entry.ref.name}.{stamp_ns:x}{next(self._names) % 4096:03x}"
             try:
-                await self._api.create(client.EVENTS, self._body(entry, name, namespace), namespace=namespace)
+                await self._api.create(kubeapi.EVENTS, self._body(entry, name, namespace), namespace=namespace)
             except KubeAlreadyExists:
                 continue
             entry.name = name
@@ -276,8 +309,8 @@ class EventRecorder:
             "message": entry.message,
             "type": entry.type.value,
             "count": entry.count,
-            "firstTimestamp": client.rfc3339(entry.first),
-            "lastTimestamp": client.rfc3339(entry.last),
+            "firstTimestamp": kubeapi.rfc3339(entry.first),
+            "lastTimestamp": kubeapi.rfc3339(entry.last),
             "source": {"component": self._component},
             "reportingComponent": self._component,
             **({"reportingInstance": self._instance} if self._instance else {}),

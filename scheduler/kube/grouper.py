@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from common import logs
-from scheduler.kube import client, grouping
+from common import logs, names, tasks
+from scheduler.kube import events, kubeapi
 from scheduler.kube.errors import KubeAlreadyExists, KubeError, KubeForbidden, KubeNotFound
+from scheduler.objects import grouping, pods
+from scheduler.objects.records import OwnerRef, PodRecord
 
 log = logs.get("scheduler.grouper")
 
 Obj = dict[str, Any]
-EventSink = Callable[[Mapping[str, Any], str, str, str], Awaitable[None]]
-"""(involved object, type, reason, message)"""
 GroupedSink = Callable[[str, str], None]
 """(pod uid, PodGroup name): the pod's group exists now."""
 StillUnannotated = Callable[[str], bool]
@@ -37,20 +37,20 @@ _MAX_OWNER_DEPTH = 8
 _OWNER_CACHE_TTL_S = 30.0
 
 
-def _controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
-    controllers = [ref for ref in refs if isinstance(ref, dict) and ref.get("controller")]
-    chosen = controllers or [ref for ref in refs if isinstance(ref, dict)]
+def _controller(refs: Sequence[OwnerRef]) -> OwnerRef | None:
+    """The controlling owner reference (the first one when none is marked controller)."""
+    controllers = [ref for ref in refs if ref.controller]
+    chosen = controllers or list(refs)
     return chosen[0] if chosen else None
 
 
 class Grouper:
     def __init__(
         self,
-        api: client.KubeApi,
+        api: kubeapi.KubeApi,
         *,
-        queue_label: str = grouping.QUEUE_LABEL,
-        on_event: EventSink | None = None,
+        queue_label: str = names.QUEUE_LABEL,
+        recorder: events.EventSink | None = None,
         on_grouped: GroupedSink | None = None,
         still_unannotated: StillUnannotated | None = None,
         concurrency: int = 64,
@@ -61,111 +61,86 @@ class Grouper:
         self._still_unannotated = still_unannotated
         self._annotate_after_s = annotate_after_s
         self._queue_label = queue_label
-        self._on_event = on_event
+        self._recorder = recorder
         self._slots = asyncio.Semaphore(concurrency)
         self._owners: dict[tuple[str, str, str], tuple[float, Obj | None]] = {}
         self._in_progress: set[str] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = tasks.TaskSet("grouper")
 
-    def wants(
-        self, pod: Mapping[str, Any], podgroups: Mapping[tuple[str, str], Obj], decided: str | None = None
-    ) -> bool:
-        """Does this pod of ours still need a group (none named or decided, or that PodGroup is missing)?"""
-        meta = pod.get("metadata") or {}
-        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed") or meta.get("deletionTimestamp"):
-            return False
-        name = (meta.get("annotations") or {}).get(grouping.POD_GROUP_ANNOTATION) or decided
-        if not name:
-            return True
-        return (str(meta.get("namespace") or "default"), str(name)) not in podgroups
-
-    def submit(self, pod: Obj) -> None:
-        uid = str((pod.get("metadata") or {}).get("uid") or "")
-        if not uid or uid in self._in_progress:
+    def submit(self, pod: PodRecord) -> None:
+        if pod.uid in self._in_progress:
             return
-        self._in_progress.add(uid)
-        task = asyncio.ensure_future(self._group(pod, uid))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._in_progress.add(pod.uid)
+        self._tasks.spawn(self._group(pod), name=f"group:{pod.display}")
 
     async def drain(self) -> None:
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self._tasks.drain()
 
     async def cancel(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self._tasks.cancel()
 
-    async def _owner(self, namespace: str, ref: Mapping[str, Any]) -> Obj | grouping.OwnerProblem | None:
-        api_version, kind, name = (
-            str(ref.get("apiVersion") or ""),
-            str(ref.get("kind") or ""),
-            str(ref.get("name") or ""),
-        )
-        key = (api_version, kind, f"{namespace}/{name}")
+    async def _owner(self, namespace: str, ref: OwnerRef) -> Obj | grouping.OwnerProblem | None:
+        key = (ref.api_version, ref.kind, f"{namespace}/{ref.name}")
         cached = self._owners.get(key)
         now = time.monotonic()
         if cached is not None and now - cached[0] < _OWNER_CACHE_TTL_S:
             return cached[1]
         try:
-            resource = await self._api.resolve(api_version=api_version, kind=kind)
+            resource = await self._api.resolve(api_version=ref.api_version, kind=ref.kind)
             if resource is None:
                 # A kind the API does not serve: keep its reference, so decide() can name it in the event.
-                owner: Obj | None = {"apiVersion": api_version, "kind": kind, "metadata": {"name": name}}
+                owner: Obj | None = {"apiVersion": ref.api_version, "kind": ref.kind, "metadata": {"name": ref.name}}
             else:
-                owner = await self._api.get(resource, name=name, namespace=namespace if resource.namespaced else None)
+                name_space = namespace if resource.namespaced else None
+                owner = await self._api.get(resource, name=ref.name, namespace=name_space)
         except KubeForbidden as exc:
-            return grouping.OwnerProblem(kind=kind, name=name, problem="forbidden", message=str(exc))
+            return grouping.OwnerProblem(kind=ref.kind, name=ref.name, problem="forbidden", message=str(exc))
         except KubeError as exc:
-            return grouping.OwnerProblem(kind=kind, name=name, problem="unreadable", message=str(exc))
+            return grouping.OwnerProblem(kind=ref.kind, name=ref.name, problem="unreadable", message=str(exc))
         if owner is None:
-            return grouping.OwnerProblem(kind=kind, name=name, problem="missing", message="404 not found")
+            return grouping.OwnerProblem(kind=ref.kind, name=ref.name, problem="missing", message="404 not found")
         self._owners[key] = (now, owner)
         return owner
 
-    async def owners(self, pod: Mapping[str, Any]) -> list[Obj] | grouping.OwnerProblem:
-        namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
+    async def owners(self, pod: PodRecord) -> list[Obj] | grouping.OwnerProblem:
+        """The pod's chain of controller owners, from the nearest to the top."""
         chain: list[Obj] = []
-        current: Mapping[str, Any] = pod
+        refs: Sequence[OwnerRef] = pod.owners
         for _ in range(_MAX_OWNER_DEPTH):
-            ref = _controller_ref(current)
+            ref = _controller(refs)
             if ref is None:
                 break
-            owner = await self._owner(namespace, ref)
+            owner = await self._owner(pod.namespace, ref)
             if isinstance(owner, grouping.OwnerProblem):
                 return owner
             if owner is None:
                 break
             chain.append(owner)
-            current = owner
+            refs = pods.owners_of(owner)
         return chain
 
-    async def _group(self, pod: Obj, uid: str) -> None:
+    async def _group(self, pod: PodRecord) -> None:
         try:
             async with self._slots:
                 name = await self._group_one(pod)
             if name is not None:
-                await self._annotate(pod, uid, name)
+                await self._annotate(pod, name)
         except KubeError as exc:
-            log.warning("grouping_failed", pod=_pod_name(pod), error=str(exc))
+            log.warning("grouping_failed", pod=pod.display, error=str(exc))
         finally:
-            self._in_progress.discard(uid)
+            self._in_progress.discard(pod.uid)
 
-    async def _group_one(self, pod: Obj) -> str | None:
+    async def _group_one(self, pod: PodRecord) -> str | None:
         """Make sure the pod's PodGroup exists; the name to annotate the pod with (None: it has the annotation)."""
-        meta = pod.get("metadata") or {}
-        namespace = str(meta.get("namespace") or "default")
-        annotated = (meta.get("annotations") or {}).get(grouping.POD_GROUP_ANNOTATION)
         owners = await self.owners(pod)
         decision = grouping.decide(pod, owners, queue_label=self._queue_label)
-        name = str(annotated) if annotated else decision.group_name
+        name = pod.pod_group or decision.group_name
         body: Obj = {
-            "apiVersion": client.POD_GROUPS.api_version,
+            "apiVersion": kubeapi.POD_GROUPS.api_version,
             "kind": "PodGroup",
             "metadata": {
                 "name": name,
-                "namespace": namespace,
+                "namespace": pod.namespace,
                 "labels": {self._queue_label: decision.queue},
             },
             "spec": {
@@ -175,49 +150,48 @@ class Grouper:
             },
         }
         if decision.preemptible is not None:
-            body["spec"]["preemptibility"] = "preemptible" if decision.preemptible else "non-preemptible"
-        per_pod = name == grouping.group_name(str(meta.get("name") or ""), str(meta.get("uid") or ""))
+            body["spec"]["preemptibility"] = names.PREEMPTIBLE if decision.preemptible else names.NON_PREEMPTIBLE
+        per_pod = name == grouping.group_name(pod.name, pod.uid)
         owner = decision.owner
         if per_pod or owner is None:
             # A group of one pod lives and dies with the pod (the garbage collector deletes it after the pod).
             body["metadata"]["ownerReferences"] = [
-                {"apiVersion": "v1", "kind": "Pod", "name": meta.get("name"), "uid": meta.get("uid")}
+                {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid}
             ]
         elif owner.get("uid") and owner.get("apiVersion") != "vcluster.loft.sh/tenant":
             body["metadata"]["ownerReferences"] = [
                 {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": owner["name"], "uid": owner["uid"]}
             ]
         try:
-            await self._api.create(client.POD_GROUPS, body, namespace=namespace)
+            await self._api.create(kubeapi.POD_GROUPS, body, namespace=pod.namespace)
             log.info(
-                "podgroup_created", podgroup=f"{namespace}/{name}", queue=decision.queue, min_member=decision.min_member
+                "podgroup_created",
+                podgroup=f"{pod.namespace}/{name}",
+                queue=decision.queue,
+                min_member=decision.min_member,
             )
         except KubeAlreadyExists:
             pass
-        if decision.note and self._on_event is not None:
-            await self._on_event(pod, "Normal", "OwnGroup", decision.note)
-        return None if annotated else name
+        if decision.note and self._recorder is not None:
+            self._recorder.record(
+                events.ObjectRef.of_record(pod), type=events.EventType.NORMAL, reason="OwnGroup", message=decision.note
+            )
+        return None if pod.pod_group else name
 
-    async def _annotate(self, pod: Obj, uid: str, name: str) -> None:
+    async def _annotate(self, pod: PodRecord, name: str) -> None:
         """Write ``pod-group-name`` unless the binder did so first, with the bind (see ANNOTATE_PENDING_AFTER_S)."""
-        meta = pod.get("metadata") or {}
         if self._on_grouped is not None:
-            self._on_grouped(uid, name)
+            self._on_grouped(pod.uid, name)
             await asyncio.sleep(self._annotate_after_s)
-        if self._still_unannotated is not None and not self._still_unannotated(uid):
+        if self._still_unannotated is not None and not self._still_unannotated(pod.uid):
             return
         async with self._slots:
             try:
                 await self._api.patch(
-                    client.PODS,
-                    {"metadata": {"annotations": {grouping.POD_GROUP_ANNOTATION: name}}},
-                    name=str(meta.get("name")),
-                    namespace=str(meta.get("namespace") or "default"),
+                    kubeapi.PODS,
+                    {"metadata": {"annotations": {names.POD_GROUP_ANNOTATION: name}}},
+                    name=pod.name,
+                    namespace=pod.namespace,
                 )
             except KubeNotFound:
                 return
-
-
-def _pod_name(pod: Mapping[str, Any]) -> str:
-    meta = pod.get("metadata") or {}
-    return f"{meta.get('namespace')}/{meta.get('name')}"

@@ -31,7 +31,7 @@ from typing import Any
 
 from common import logs
 from common.errors import ConfigError
-from scheduler.kube import client
+from scheduler.kube import kubeapi
 from scheduler.kube.errors import KubeAlreadyExists, KubeConflict, KubeError, KubeNotFound
 
 log = logs.get("scheduler.kube.leases")
@@ -108,7 +108,7 @@ def claimed(lease: Mapping[str, Any] | None, *, config: ElectionConfig, now: dat
     """The Lease with ``config.identity`` as its holder, renewed at ``now``: a new object or the update of one."""
     spec = _spec(lease)
     holder = holder_of(lease)
-    stamp = client.micro_time(now)
+    stamp = kubeapi.micro_time(now)
     transitions = spec.get("leaseTransitions")
     count = transitions if isinstance(transitions, int) else 0
     new_spec = {
@@ -126,7 +126,7 @@ def claimed(lease: Mapping[str, Any] | None, *, config: ElectionConfig, now: dat
 
 def released(lease: Mapping[str, Any], *, now: datetime.datetime) -> dict[str, Any]:
     """The Lease given up: no holder, so any candidate may take it at once (client-go's release)."""
-    stamp = client.micro_time(now)
+    stamp = kubeapi.micro_time(now)
     spec = {**_spec(lease), "holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": stamp, "acquireTime": stamp}
     return {**lease, "spec": spec}
 
@@ -141,7 +141,7 @@ class LeaderElector:
 
     def __init__(
         self,
-        api: client.KubeApi,
+        api: kubeapi.KubeApi,
         config: ElectionConfig,
         *,
         on_new_leader: Callable[[str], None] | None = None,
@@ -240,10 +240,10 @@ class LeaderElector:
     async def _try_acquire_or_renew(self) -> bool:
         config = self.config
         try:
-            lease = await self._api.get(client.LEASES, name=config.name, namespace=config.namespace)
+            lease = await self._api.get(kubeapi.LEASES, name=config.name, namespace=config.namespace)
             if lease is None:
                 created = await self._api.create(
-                    client.LEASES, claimed(None, config=config, now=self._wall()), namespace=config.namespace
+                    kubeapi.LEASES, claimed(None, config=config, now=self._wall()), namespace=config.namespace
                 )
                 self._observe(created)
                 return True
@@ -257,7 +257,7 @@ class LeaderElector:
             ):
                 return False
             updated = await self._api.replace(
-                client.LEASES,
+                kubeapi.LEASES,
                 claimed(lease, config=config, now=self._wall()),
                 name=config.name,
                 namespace=config.namespace,
@@ -291,11 +291,11 @@ class LeaderElector:
         config = self.config
         try:
             async with asyncio.timeout(config.renew_deadline_s):
-                lease = await self._api.get(client.LEASES, name=config.name, namespace=config.namespace)
+                lease = await self._api.get(kubeapi.LEASES, name=config.name, namespace=config.namespace)
                 if lease is None or holder_of(lease) != config.identity:
                     return
                 await self._api.replace(
-                    client.LEASES, released(lease, now=self._wall()), name=config.name, namespace=config.namespace
+                    kubeapi.LEASES, released(lease, now=self._wall()), name=config.name, namespace=config.namespace
                 )
                 log.info("lease_released", identity=config.identity)
         except (KubeError, TimeoutError) as exc:

@@ -20,72 +20,38 @@ the same pod (409) instead of a second reservation.
 
 What to do about the groups (drain a reservation whose last sharing pod ended, delete one stuck without a UUID,
 re-reserve for a sharing pod that has not started, evict or report a running one whose reservation vanished) is
-decided by the pure :func:`reconcile` over plain values; :class:`ReservationManager` carries it out.
+decided by the pure ``scheduler.state.gpugroups.reconcile``; :class:`ReservationManager` holds the reservations the
+pod watch shows (``scheduler.objects.pods`` reads each reservation pod into its ``Reservation``) and makes the API
+calls that create and delete them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import enum
 import hashlib
 import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from common import config, logs
-from common.config import Setting
-from scheduler.kube import client
+from common import logs, names
+from scheduler.kube import kubeapi
 from scheduler.kube.errors import KubeAlreadyExists, KubeError, KubeNotFound
+from scheduler.objects import pods
+from scheduler.objects.records import PodRecord, Reservation, ReservationPhase
+from scheduler.state import gpugroups
 
 log = logs.get("scheduler.reservations")
 
-DEFAULT_NAMESPACE: Final = "quotient-reservation"
-GROUP_LABEL: Final = "quotient.dev/gpu-group-reservation"
-"""On a reservation pod: the (label-safe) GPU group whose device it holds."""
-APP_LABEL: Final = "app.kubernetes.io/component"
-APP_VALUE: Final = "gpu-reservation"
-UUID_ANNOTATION: Final = "quotient.dev/gpu-uuid"
-"""Written by the reservation pod itself (``quotient reserve``): the UUID of the device it holds."""
-INDEX_ANNOTATION: Final = "quotient.dev/gpu-index"
-"""Written with the UUID: the device's NVML index on its node."""
-GROUP_ANNOTATION: Final = "quotient.dev/gpu-group"
-"""The full GPU group id (the label holds the label-safe form, which is the same for ids the engine makes)."""
-RUNTIME_CLASS: Final = "nvidia"
 DEFAULT_IMAGE: Final = "ghcr.io/quotient-sched/quotient-scheduler:0.1.0"
 RESERVE_COMMAND: Final = ("quotient", "reserve")
 _NAME_MAX = 63  # pod names become hostnames: keep them DNS labels
 
 
-class Phase(enum.StrEnum):
-    """Where a reservation is in its life (DESIGN.md, "Fractional GPUs")."""
-
-    CREATING = "creating"
-    WAITING_FOR_UUID = "waiting-for-uuid"
-    READY = "ready"
-    DRAINING = "draining"
-    DELETED = "deleted"
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Reservation:
-    """One reservation pod as the API shows it. ``failed``: the pod ended (it never will have a UUID)."""
-
-    group: str
-    node: str
-    namespace: str
-    name: str
-    uid: str
-    phase: Phase
-    uuid: str | None = None
-    index: int | None = None
-    failed: str | None = None
-
-
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
-    namespace: str = DEFAULT_NAMESPACE
+    namespace: str = names.RESERVATION_NAMESPACE
     image: str = DEFAULT_IMAGE
     uuid_timeout_s: float = 60.0
     """How long a reservation may wait for its UUID before it is deleted and the bind retried elsewhere."""
@@ -96,50 +62,11 @@ class Settings:
     service_account: str = "quotient-reservation"
     priority_class: str | None = None
 
-
-SETTINGS: tuple[Setting[object], ...] = (
-    Setting(
-        name="reservation_namespace",
-        parse=config.parse_str,
-        default=DEFAULT_NAMESPACE,
-        help="namespace of the reservation pods that hold shared GPUs",
-    ),
-    Setting(
-        name="reservation_image",
-        parse=config.parse_str,
-        default=DEFAULT_IMAGE,
-        help="image of the reservation pods (runs `quotient reserve`; the scheduler's own image)",
-    ),
-    Setting(
-        name="reservation_timeout",
-        parse=config.parse_positive_duration_s,
-        default=60.0,
-        help="how long a reservation pod may take to report its GPU's UUID before it is deleted",
-    ),
-    Setting(
-        name="reservation_drain_grace",
-        parse=config.parse_positive_duration_s,
-        default=2.0,
-        help="how long a reservation pod without sharing pods is kept before it is deleted",
-    ),
-    Setting(
-        name="orphaned_share_policy",
-        parse=config.choice("evict", "report"),
-        default="evict",
-        help="a running sharing pod whose reservation pod vanished: deleted (evict) or only reported",
-    ),
-)
-
-
-def settings_from(values: Mapping[str, object]) -> Settings:
-    """The reservation settings from :data:`SETTINGS` as ``common.config.resolve`` returns them."""
-    return Settings(
-        namespace=str(values["reservation_namespace"]),
-        image=str(values["reservation_image"]),
-        uuid_timeout_s=float(str(values["reservation_timeout"])),
-        drain_grace_s=float(str(values["reservation_drain_grace"])),
-        evict_orphans=str(values["orphaned_share_policy"]) == "evict",
-    )
+    @property
+    def limits(self) -> gpugroups.Limits:
+        return gpugroups.Limits(
+            uuid_timeout_s=self.uuid_timeout_s, drain_grace_s=self.drain_grace_s, evict_orphans=self.evict_orphans
+        )
 
 
 def pod_name(node: str, group: str) -> str:
@@ -155,7 +82,7 @@ def manifest(settings: Settings, *, node: str, group: str) -> dict[str, Any]:
     and the downward API telling its entry point who it is."""
     spec: dict[str, Any] = {
         "nodeName": node,
-        "runtimeClassName": RUNTIME_CLASS,
+        "runtimeClassName": names.NVIDIA_RUNTIME_CLASS,
         "restartPolicy": "Always",
         "serviceAccountName": settings.service_account,
         "terminationGracePeriodSeconds": 5,
@@ -170,8 +97,8 @@ def manifest(settings: Settings, *, node: str, group: str) -> dict[str, Any]:
                     {"name": "QUOTIENT_POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
                 ],
                 "resources": {
-                    "requests": {"nvidia.com/gpu": "1", "cpu": "10m", "memory": "32Mi"},
-                    "limits": {"nvidia.com/gpu": "1", "memory": "128Mi"},
+                    "requests": {names.GPU_RESOURCE: "1", "cpu": "10m", "memory": "32Mi"},
+                    "limits": {names.GPU_RESOURCE: "1", "memory": "128Mi"},
                 },
             }
         ],
@@ -184,190 +111,15 @@ def manifest(settings: Settings, *, node: str, group: str) -> dict[str, Any]:
         "metadata": {
             "name": pod_name(node, group),
             "namespace": settings.namespace,
-            "labels": {GROUP_LABEL: group, APP_LABEL: APP_VALUE, "app.kubernetes.io/part-of": "quotient"},
-            "annotations": {GROUP_ANNOTATION: group},
+            "labels": {
+                names.RESERVATION_GROUP_LABEL: group,
+                names.COMPONENT_LABEL: names.RESERVATION_COMPONENT,
+                names.PART_OF_LABEL: names.PRODUCT,
+            },
+            "annotations": {names.RESERVATION_GROUP_ANNOTATION: group},
         },
         "spec": spec,
     }
-
-
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, dict) else {}
-
-
-def is_reservation(pod: Mapping[str, Any]) -> bool:
-    labels = _meta(pod).get("labels")
-    return isinstance(labels, dict) and bool(labels.get(GROUP_LABEL))
-
-
-def read(pod: Mapping[str, Any]) -> Reservation | None:
-    """The reservation a pod is, from its labels, annotations and status; None for any other pod."""
-    meta = _meta(pod)
-    labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
-    annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
-    assert isinstance(labels, dict) and isinstance(annotations, dict)
-    label = labels.get(GROUP_LABEL)
-    if not label:
-        return None
-    group = str(annotations.get(GROUP_ANNOTATION) or label)
-    spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
-    status = pod.get("status") if isinstance(pod.get("status"), dict) else {}
-    assert isinstance(spec, dict) and isinstance(status, dict)
-    uuid = str(annotations.get(UUID_ANNOTATION) or "").strip() or None
-    index_text = str(annotations.get(INDEX_ANNOTATION) or "")
-    index = int(index_text) if index_text.isascii() and index_text.isdigit() else None
-    failed = None
-    if status.get("phase") in ("Failed", "Succeeded"):
-        failed = f"the reservation pod {status.get('phase', '').lower()}" + (
-            f": {status.get('reason')} {status.get('message') or ''}".rstrip() if status.get("reason") else ""
-        )
-    if meta.get("deletionTimestamp"):
-        phase = Phase.DRAINING
-    elif uuid is not None and failed is None:
-        phase = Phase.READY
-    else:
-        phase = Phase.WAITING_FOR_UUID
-    return Reservation(
-        group=group,
-        node=str(spec.get("nodeName") or ""),
-        namespace=str(meta.get("namespace") or ""),
-        name=str(meta.get("name") or ""),
-        uid=str(meta.get("uid") or ""),
-        phase=phase,
-        uuid=uuid,
-        index=index,
-        failed=failed,
-    )
-
-
-# --- What to do: pure -----------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Sharer:
-    """A pod of a GPU group as the scheduler's state shows it: bound (or being bound) and not finished."""
-
-    uid: str
-    namespace: str
-    name: str
-    node: str
-    started: bool
-    """Its containers run (phase Running): too late to hand it another device."""
-
-
-class ActionKind(enum.StrEnum):
-    DRAIN = "drain"
-    """No pod shares the group any more: delete the reservation pod."""
-    EXPIRE = "expire"
-    """No UUID within the timeout, or the pod failed: delete it (a waiting bind fails and is retried elsewhere)."""
-    RE_RESERVE = "re-reserve"
-    """The reservation vanished under a sharing pod that has not started: create it again."""
-    EVICT_ORPHAN = "evict-orphan"
-    """The reservation vanished under a running sharing pod: nothing holds its device any more."""
-    REPORT_ORPHAN = "report-orphan"
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Action:
-    kind: ActionKind
-    group: str
-    node: str
-    message: str
-    reservation: Reservation | None = None
-    sharer: Sharer | None = None
-
-
-def reconcile(
-    reservations: Mapping[str, Reservation],
-    sharers: Mapping[str, tuple[Sharer, ...]],
-    *,
-    busy: frozenset[str],
-    waiting_since_s: Mapping[str, float],
-    idle_since_s: Mapping[str, float],
-    now_s: float,
-    settings: Settings,
-) -> list[Action]:
-    """The actions that bring reservations and their groups back in line.
-
-    ``busy`` groups are being reserved or bound right now (the binder owns them until it is done);
-    ``waiting_since_s`` says since when each reservation waits for its UUID, ``idle_since_s`` since when each has had
-    no sharing pod (both in the caller's monotonic clock)."""
-    actions: list[Action] = []
-    for group, reservation in sorted(reservations.items()):
-        if reservation.phase in (Phase.DRAINING, Phase.DELETED) or group in busy:
-            continue
-        if reservation.failed is not None:
-            actions.append(_expire(reservation, reservation.failed))
-            continue
-        if reservation.phase is Phase.WAITING_FOR_UUID:
-            since = waiting_since_s.get(group, now_s)
-            if now_s - since >= settings.uuid_timeout_s:
-                actions.append(
-                    _expire(
-                        reservation,
-                        f"no device UUID after {now_s - since:.0f} s (timeout {settings.uuid_timeout_s:g} s)",
-                    )
-                )
-                continue
-        if not sharers.get(group):
-            idle = idle_since_s.get(group, now_s)
-            if now_s - idle >= settings.drain_grace_s:
-                actions.append(
-                    Action(
-                        kind=ActionKind.DRAIN,
-                        group=group,
-                        node=reservation.node,
-                        message=f"the last pod sharing GPU group {group} is gone: releasing the device",
-                        reservation=reservation,
-                    )
-                )
-    for group, members in sorted(sharers.items()):
-        if group in busy or not members:
-            continue
-        held = reservations.get(group)
-        if held is not None and held.phase is not Phase.DELETED:
-            continue
-        pending = [member for member in members if not member.started]
-        if pending and len(pending) == len(members):
-            actions.append(
-                Action(
-                    kind=ActionKind.RE_RESERVE,
-                    group=group,
-                    node=pending[0].node,
-                    message=f"reservation of GPU group {group} vanished before its pods started: reserving anew",
-                    sharer=pending[0],
-                )
-            )
-            continue
-        for member in members:
-            if not member.started:
-                continue  # it follows its running neighbours: the group's device is lost for all of them
-            orphan_kind = ActionKind.EVICT_ORPHAN if settings.evict_orphans else ActionKind.REPORT_ORPHAN
-            actions.append(
-                Action(
-                    kind=orphan_kind,
-                    group=group,
-                    node=member.node,
-                    message=(
-                        f"the reservation pod holding GPU group {group} on {member.node} is gone: nothing keeps its "
-                        "device from being given to another pod"
-                        + ("; deleting the pod" if settings.evict_orphans else "")
-                    ),
-                    sharer=member,
-                )
-            )
-    return actions
-
-
-def _expire(reservation: Reservation, why: str) -> Action:
-    return Action(
-        kind=ActionKind.EXPIRE,
-        group=reservation.group,
-        node=reservation.node,
-        message=f"reservation {reservation.name} on {reservation.node} deleted: {why}",
-        reservation=reservation,
-    )
 
 
 # --- Carrying it out ------------------------------------------------------------------------------------------------
@@ -391,7 +143,7 @@ class NotReserved:
     message: str
 
 
-Transition = Callable[[Reservation, Phase, str, str], None]
+Transition = Callable[[Reservation, ReservationPhase, str, str], None]
 """Called on every step: the reservation, its new phase, an event reason and a message."""
 
 
@@ -399,12 +151,12 @@ class ReservationManager:
     """The reservations of the cluster (from the pod watch) and the API calls that create and delete them.
 
     ``observe``/``removed`` are fed by the scheduler's pod watch; ``reserve`` is awaited by the binder; ``apply`` runs
-    what :func:`reconcile` decided. Every phase change goes to ``on_transition`` (events, decisions, logs).
+    what ``gpugroups.reconcile`` decided. Every phase change goes to ``on_transition`` (events, decisions, logs).
     """
 
     def __init__(
         self,
-        api: client.KubeApi,
+        api: kubeapi.KubeApi,
         settings: Settings,
         *,
         on_transition: Transition | None = None,
@@ -426,9 +178,9 @@ class ReservationManager:
         """Create the reservation namespace when it is missing (the deploy manifests make it; the emulator and
         hand-made clusters may not). A refusal is logged: creating a reservation will then say what is wrong."""
         try:
-            if await self._api.get(client.NAMESPACES, name=self.settings.namespace) is None:
+            if await self._api.get(kubeapi.NAMESPACES, name=self.settings.namespace) is None:
                 await self._api.create(
-                    client.NAMESPACES,
+                    kubeapi.NAMESPACES,
                     {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.settings.namespace}},
                 )
                 log.info("reservation_namespace_created", namespace=self.settings.namespace)
@@ -439,19 +191,19 @@ class ReservationManager:
 
     # --- from the watch ---
 
-    def observe(self, pod: Mapping[str, Any]) -> None:
-        reservation = read(pod)
+    def observe(self, pod: PodRecord) -> None:
+        reservation = pod.reservation
         if reservation is None:
             return
         old = self.reservations.get(reservation.group)
         self.reservations[reservation.group] = reservation
         if old is None or old.phase is not reservation.phase:
-            if reservation.phase is Phase.WAITING_FOR_UUID:
+            if reservation.phase is ReservationPhase.WAITING_FOR_UUID:
                 self.waiting_since_s.setdefault(reservation.group, self._clock_s())
                 self._step(
                     reservation, "ReservationWaitingForUuid", f"waiting for the device UUID on {reservation.node}"
                 )
-            elif reservation.phase is Phase.READY:
+            elif reservation.phase is ReservationPhase.READY:
                 self.waiting_since_s.pop(reservation.group, None)
                 self._step(
                     reservation,
@@ -459,15 +211,15 @@ class ReservationManager:
                     f"holds GPU {reservation.index if reservation.index is not None else '?'} ({reservation.uuid}) on "
                     f"{reservation.node} for GPU group {reservation.group}",
                 )
-            elif reservation.phase is Phase.DRAINING:
+            elif reservation.phase is ReservationPhase.DRAINING:
                 self._step(reservation, "ReservationDraining", f"releasing the device of GPU group {reservation.group}")
-        if reservation.phase is Phase.READY or reservation.failed is not None:
+        if reservation.phase is ReservationPhase.READY or reservation.failed is not None:
             waiter = self._ready.get(reservation.group)
             if waiter is not None and not waiter.done():
                 waiter.set_result(reservation)
 
-    def removed(self, pod: Mapping[str, Any]) -> None:
-        reservation = read(pod)
+    def removed(self, pod: PodRecord) -> None:
+        reservation = pod.reservation
         if reservation is None:
             return
         current = self.reservations.get(reservation.group)
@@ -476,7 +228,9 @@ class ReservationManager:
         self.reservations.pop(reservation.group, None)
         self.waiting_since_s.pop(reservation.group, None)
         self.idle_since_s.pop(reservation.group, None)
-        self._step(dataclasses.replace(reservation, phase=Phase.DELETED), "ReservationDeleted", "the device is free")
+        self._step(
+            dataclasses.replace(reservation, phase=ReservationPhase.DELETED), "ReservationDeleted", "the device is free"
+        )
 
     def _step(self, reservation: Reservation, reason: str, message: str) -> None:
         log.info(
@@ -514,54 +268,55 @@ class ReservationManager:
         """The device of ``group`` on ``node``: the existing reservation's, or a new reservation's once its UUID
         arrives (within ``uuid_timeout_s``; else the reservation is deleted and the answer says why)."""
         current = self.reservations.get(group)
-        if current is not None and current.node != node and current.phase is not Phase.DRAINING:
+        if current is not None and current.node != node and current.phase is not ReservationPhase.DRAINING:
             return NotReserved(
                 group=group,
                 node=node,
                 reason="ReservationElsewhere",
                 message=f"GPU group {group} is held on {current.node}, not {node}",
             )
-        if current is not None and current.phase is Phase.DRAINING:
+        if current is not None and current.phase is ReservationPhase.DRAINING:
             return NotReserved(
                 group=group,
                 node=node,
                 reason="ReservationDraining",
                 message=f"the reservation pod of GPU group {group} on {node} is being deleted",
             )
-        if current is not None and current.phase is Phase.READY and current.uuid:
+        if current is not None and current.phase is ReservationPhase.READY and current.uuid:
             return Reserved(group=group, uuid=current.uuid, index=current.index, created=False)
         created = False
         if current is None:
             body = manifest(self.settings, node=node, group=group)
             made: Mapping[str, Any] | None
             try:
-                made = await self._api.create(client.PODS, body, namespace=self.settings.namespace)
+                made = await self._api.create(kubeapi.PODS, body, namespace=self.settings.namespace)
                 created = True
                 self.created += 1
             except KubeAlreadyExists:
                 made = await self._api.get(
-                    client.PODS, name=body["metadata"]["name"], namespace=self.settings.namespace
+                    kubeapi.PODS, name=body["metadata"]["name"], namespace=self.settings.namespace
                 )
             except KubeError as exc:
                 return NotReserved(
                     group=group, node=node, reason="ApiError", message=f"creating the reservation pod: {exc}"
                 )
             if made is not None:
-                made_reservation = read(made)
+                made_pod = pods.decode(made)
+                made_reservation = made_pod.reservation if made_pod is not None else None
                 if created and made_reservation is not None:
                     self._step(
-                        dataclasses.replace(made_reservation, phase=Phase.CREATING),
+                        dataclasses.replace(made_reservation, phase=ReservationPhase.CREATING),
                         "ReservationCreated",
                         f"reserving a GPU on {node} for GPU group {group}",
                     )
                 # The watch may already have shown a newer state of this pod (its UUID, even) than the create's
                 # answer: the answer only fills in a reservation the watch has not shown yet.
-                if group not in self.reservations:
-                    self.observe(made)
+                if group not in self.reservations and made_pod is not None:
+                    self.observe(made_pod)
         current = self.reservations.get(group)
-        if current is not None and current.phase is Phase.READY and current.uuid:
+        if current is not None and current.phase is ReservationPhase.READY and current.uuid:
             return Reserved(group=group, uuid=current.uuid, index=current.index, created=created)
-        if current is not None and current.phase is Phase.DRAINING:
+        if current is not None and current.phase is ReservationPhase.DRAINING:
             return NotReserved(
                 group=group,
                 node=node,
@@ -581,7 +336,7 @@ class ReservationManager:
         finally:
             if self._ready.get(group) is waiter and waiter.done():
                 self._ready.pop(group, None)
-        if reservation is not None and reservation.phase is Phase.READY and reservation.uuid:
+        if reservation is not None and reservation.phase is ReservationPhase.READY and reservation.uuid:
             return Reserved(group=group, uuid=reservation.uuid, index=reservation.index, created=created)
         stuck = self.reservations.get(group)
         why = (
@@ -600,7 +355,7 @@ class ReservationManager:
 
     # --- reconciliation ---
 
-    def note_sharers(self, sharers: Mapping[str, tuple[Sharer, ...]]) -> None:
+    def note_sharers(self, sharers: Mapping[str, tuple[gpugroups.Sharer, ...]]) -> None:
         """Track since when each reservation has had no sharing pod (the drain grace counts from then)."""
         now = self._clock_s()
         for group in self.reservations:
@@ -609,28 +364,28 @@ class ReservationManager:
             else:
                 self.idle_since_s.setdefault(group, now)
 
-    def plan(self, sharers: Mapping[str, tuple[Sharer, ...]]) -> list[Action]:
+    def plan(self, sharers: Mapping[str, tuple[gpugroups.Sharer, ...]]) -> list[gpugroups.Action]:
         self.note_sharers(sharers)
-        return reconcile(
+        return gpugroups.reconcile(
             self.reservations,
             sharers,
             busy=self.busy,
             waiting_since_s=self.waiting_since_s,
             idle_since_s=self.idle_since_s,
             now_s=self._clock_s(),
-            settings=self.settings,
+            limits=self.settings.limits,
         )
 
-    async def drain(self, action: Action) -> None:
+    async def drain(self, action: gpugroups.Action) -> None:
         if action.reservation is not None:
-            reason = "ReservationReleased" if action.kind is ActionKind.DRAIN else "ReservationTimedOut"
+            reason = "ReservationReleased" if action.kind is gpugroups.ActionKind.DRAIN else "ReservationTimedOut"
             await self._delete(action.reservation, reason, action.message)
 
     async def _delete(self, reservation: Reservation, reason: str, message: str) -> None:
-        self._step(dataclasses.replace(reservation, phase=Phase.DRAINING), reason, message)
+        self._step(dataclasses.replace(reservation, phase=ReservationPhase.DRAINING), reason, message)
         try:
             await self._api.delete(
-                client.PODS, name=reservation.name, namespace=reservation.namespace, uid=reservation.uid or None
+                kubeapi.PODS, name=reservation.name, namespace=reservation.namespace, uid=reservation.uid or None
             )
             self.deleted += 1
         except KubeNotFound:
@@ -640,4 +395,4 @@ class ReservationManager:
             return
         current = self.reservations.get(reservation.group)
         if current is not None and current.uid == reservation.uid:
-            self.reservations[reservation.group] = dataclasses.replace(current, phase=Phase.DRAINING)
+            self.reservations[reservation.group] = dataclasses.replace(current, phase=ReservationPhase.DRAINING)

@@ -13,20 +13,18 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import hashlib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
-from common import logs, quantities
-from common.resources import Resources
-from scheduler.kube import client
+from common import logs, names, quantities
+from common.resources import ZERO, Resources
+from scheduler.kube import events, kubeapi
 from scheduler.kube.errors import KubeError, KubeNotFound
+from scheduler.objects.records import PodRecord
 from scheduler.placement import model, plan, status
-from scheduler.state.snapshot import PodIssue, QueueIssue
+from scheduler.state.models import QueueIssue
+from scheduler.state.snapshot import PodIssue
 
 log = logs.get("scheduler.status")
-
-EventSink = Callable[[Mapping[str, Any], str, str, str], Awaitable[None]]
-"""(involved object, type, reason, message)"""
 
 
 def _now() -> str:
@@ -38,40 +36,67 @@ def _gpu_text(milli: int) -> str:
     return str(whole) if rest == 0 else f"{whole}.{rest:03d}".rstrip("0")
 
 
-def resource_list(amounts: Sequence[int]) -> dict[str, str]:
-    """(milli-GPU, millicores, bytes) as a Kubernetes-style resource map."""
-    gpu, cpu, memory = amounts
+def resource_list(amounts: Resources) -> dict[str, str]:
+    """GPU, CPU and memory as a Kubernetes-style resource map (``{"gpu": "1.5", "cpu": "500m", ...}``)."""
+    cpu = amounts.milli_cpu
     return {
-        "gpu": _gpu_text(gpu),
+        "gpu": _gpu_text(amounts.milli_gpu),
         "cpu": f"{cpu}m" if cpu % 1000 else str(cpu // 1000),
-        "memory": quantities.format_bytes_quantity(memory),
+        "memory": quantities.format_bytes_quantity(amounts.memory_bytes),
     }
 
 
-def _triple(amounts: Resources) -> tuple[int, int, int]:
-    return (amounts.milli_gpu, amounts.milli_cpu, amounts.memory_bytes)
+def quotas(queue: model.Queue) -> Resources:
+    """A queue's quota per resource (``-1``: unlimited)."""
+    return Resources(milli_gpu=queue.gpu.quota, milli_cpu=queue.cpu.quota, memory_bytes=queue.memory.quota)
+
+
+def limits(queue: model.Queue) -> Resources:
+    """A queue's limit per resource (``-1``: none)."""
+    return Resources(milli_gpu=queue.gpu.limit, milli_cpu=queue.cpu.limit, memory_bytes=queue.memory.limit)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class QueueStatus:
-    allocated: tuple[int, int, int]
-    allocated_nonpreemptible: tuple[int, int, int]
-    requested: tuple[int, int, int]
+    allocated: Resources
+    allocated_nonpreemptible: Resources
+    requested: Resources
     children: tuple[str, ...]
     conditions: tuple[tuple[str, str, str], ...]
     """(type, reason, message) of each condition that holds."""
 
 
+def _requested(pod: model.Pod) -> Resources:
+    """What a pod asks for as queues count it: its held amounts when it runs, its request when it waits."""
+    if pod.is_active:
+        return plan.pod_amounts(pod)
+    shared = pod.share.milli_gpu * pod.share.devices if pod.share else 0
+    return Resources(
+        milli_gpu=pod.requests.milli_gpu + shared,
+        milli_cpu=pod.requests.milli_cpu,
+        memory_bytes=pod.requests.memory_bytes,
+    )
+
+
+def _over_quota(allocated: Resources, queue: model.Queue) -> list[str]:
+    quota = quotas(queue)
+    pairs = (
+        ("gpu", quota.milli_gpu, allocated.milli_gpu),
+        ("cpu", quota.milli_cpu, allocated.milli_cpu),
+        ("memory", quota.memory_bytes, allocated.memory_bytes),
+    )
+    return [label for label, limit, used in pairs if limit != model.UNLIMITED and used > limit]
+
+
 def queue_statuses(
     snapshot: model.Snapshot,
-    shares: Mapping[model.QueueName, Any],
     issues: Sequence[QueueIssue],
     all_queues: Sequence[str],
 ) -> dict[str, QueueStatus]:
     """Subtree sums per queue (a running pod counts for its queue and every ancestor), children, conditions."""
-    allocated: dict[str, list[int]] = {name: [0, 0, 0] for name in all_queues}
-    nonpreemptible: dict[str, list[int]] = {name: [0, 0, 0] for name in all_queues}
-    requested: dict[str, list[int]] = {name: [0, 0, 0] for name in all_queues}
+    allocated: dict[str, Resources] = dict.fromkeys(all_queues, ZERO)
+    nonpreemptible: dict[str, Resources] = dict.fromkeys(all_queues, ZERO)
+    requested: dict[str, Resources] = dict.fromkeys(all_queues, ZERO)
     parents = {name: queue.parent for name, queue in snapshot.queues.items()}
 
     def chain(name: str) -> list[str]:
@@ -85,24 +110,15 @@ def queue_statuses(
 
     for group in snapshot.groups.values():
         for pod in group.members:
-            amounts = (
-                _triple(plan.pod_amounts(pod))
-                if pod.is_active
-                else (
-                    pod.requests.milli_gpu + (pod.share.milli_gpu * pod.share.devices if pod.share else 0),
-                    pod.requests.milli_cpu,
-                    pod.requests.memory_bytes,
-                )
-            )
             if pod.phase is model.PodPhase.SUCCEEDED:
                 continue
+            amounts = _requested(pod)
             for name in chain(group.queue):
-                for i in range(3):
-                    requested[name][i] += amounts[i]
-                    if pod.is_active:
-                        allocated[name][i] += amounts[i]
-                        if not group.preemptible:
-                            nonpreemptible[name][i] += amounts[i]
+                requested[name] += amounts
+                if pod.is_active:
+                    allocated[name] += amounts
+                    if not group.preemptible:
+                        nonpreemptible[name] += amounts
     children: dict[str, list[str]] = {name: [] for name in all_queues}
     for name, parent in parents.items():
         if parent is not None and parent in children:
@@ -110,22 +126,18 @@ def queue_statuses(
     conditions: dict[str, list[tuple[str, str, str]]] = {name: [] for name in all_queues}
     for issue in issues:
         if issue.queue in conditions:
-            kind = "Orphan" if issue.condition in ("Orphan", "Cycle") else "Invalid"
+            kind = names.ORPHAN_CONDITION if issue.condition in ("Orphan", "Cycle") else "Invalid"
             conditions[issue.queue].append((kind, issue.condition, issue.message))
     for name, queue in snapshot.queues.items():
-        quotas = (queue.gpu.quota, queue.cpu.quota, queue.memory.quota)
-        over = [
-            label
-            for label, quota, used in zip(("gpu", "cpu", "memory"), quotas, allocated.get(name, [0, 0, 0]), strict=True)
-            if quota != model.UNLIMITED and used > quota
-        ]
+        over = _over_quota(allocated.get(name, ZERO), queue)
         if over:
-            conditions[name].append(("OverQuota", "OverQuota", f"allocated above quota for {', '.join(over)}"))
+            message = f"allocated above quota for {', '.join(over)}"
+            conditions[name].append((names.OVER_QUOTA_CONDITION, names.OVER_QUOTA_CONDITION, message))
     return {
         name: QueueStatus(
-            allocated=(allocated[name][0], allocated[name][1], allocated[name][2]),
-            allocated_nonpreemptible=(nonpreemptible[name][0], nonpreemptible[name][1], nonpreemptible[name][2]),
-            requested=(requested[name][0], requested[name][1], requested[name][2]),
+            allocated=allocated[name],
+            allocated_nonpreemptible=nonpreemptible[name],
+            requested=requested[name],
             children=tuple(sorted(children[name])),
             conditions=tuple(conditions[name]),
         )
@@ -136,9 +148,9 @@ def queue_statuses(
 class StatusWriter:
     """Writes statuses and events when they change. One instance per leader term."""
 
-    def __init__(self, api: client.KubeApi, *, on_event: EventSink) -> None:
+    def __init__(self, api: kubeapi.KubeApi, *, recorder: events.EventSink) -> None:
         self._api = api
-        self._on_event = on_event
+        self._recorder = recorder
         self._group_written: dict[tuple[str, str], tuple[str, str] | None] = {}
         self._queue_written: dict[str, QueueStatus] = {}
         self._pod_issue_written: dict[str, str] = {}
@@ -147,7 +159,7 @@ class StatusWriter:
         self,
         statuses: Mapping[model.GroupId, status.Status],
         podgroups: Mapping[model.GroupId, tuple[str, str]],
-        pending_pods: Mapping[model.GroupId, Sequence[Mapping[str, Any]]],
+        pending_pods: Mapping[model.GroupId, Sequence[PodRecord]],
         queue_issues: Mapping[str, QueueIssue],
         group_queues: Mapping[model.GroupId, str],
     ) -> None:
@@ -170,7 +182,7 @@ class StatusWriter:
             if reason_message is not None:
                 conditions.append(
                     {
-                        "type": "UnschedulableOnNodePool",
+                        "type": names.UNSCHEDULABLE_CONDITION,
                         "status": "True",
                         "reason": reason_message[0],
                         "message": reason_message[1],
@@ -180,7 +192,7 @@ class StatusWriter:
                 )
             try:
                 await self._api.patch(
-                    client.POD_GROUPS,
+                    kubeapi.POD_GROUPS,
                     {"status": {"schedulingConditions": conditions}},
                     name=key[1],
                     namespace=key[0],
@@ -194,9 +206,13 @@ class StatusWriter:
             self._group_written[key] = reason_message
             if reason_message is not None:
                 for pod in pending_pods.get(group_id, ()):
-                    await self._on_event(pod, "Warning", "Unschedulable", f"{reason_message[0]}: {reason_message[1]}")
+                    self._unschedulable(pod, f"{reason_message[0]}: {reason_message[1]}")
 
-    async def pod_issues(self, issues: Sequence[PodIssue], pods: Mapping[str, Mapping[str, Any]]) -> None:
+    def _unschedulable(self, pod: PodRecord, message: str) -> None:
+        ref = events.ObjectRef.of_record(pod)
+        self._recorder.record(ref, type=events.EventType.WARNING, reason="Unschedulable", message=message)
+
+    async def pod_issues(self, issues: Sequence[PodIssue], pods: Mapping[str, PodRecord]) -> None:
         current = {issue.uid: issue for issue in issues}
         for uid, issue in current.items():
             if self._pod_issue_written.get(uid) == issue.message:
@@ -204,7 +220,7 @@ class StatusWriter:
             pod = pods.get(uid)
             if pod is None:
                 continue
-            await self._on_event(pod, "Warning", "Unschedulable", f"{issue.reason}: {issue.message}")
+            self._unschedulable(pod, f"{issue.reason}: {issue.message}")
             self._pod_issue_written[uid] = issue.message
         for uid in [uid for uid in self._pod_issue_written if uid not in current]:
             del self._pod_issue_written[uid]
@@ -232,7 +248,7 @@ class StatusWriter:
                 }
             }
             try:
-                await self._api.patch(client.QUEUES, body, name=name, subresource="status")
+                await self._api.patch(kubeapi.QUEUES, body, name=name, subresource="status")
             except KubeNotFound:
                 continue
             except KubeError as exc:

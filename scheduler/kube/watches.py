@@ -1,8 +1,10 @@
 """Reflectors: a local copy of one resource kept exact through list, watch, and relist after a gap.
 
-A :class:`Reflector` lists its resource, then watches from the list's ``resourceVersion`` with bookmarks, and turns
-what it sees into typed events (``Added``, ``Modified``, ``Deleted``, and ``Synced`` after every (re)list) for one
-async callback, which feeds the scheduler's single-writer cluster state.
+A :class:`Reflector` lists its resource, then watches from the list's ``resourceVersion`` with bookmarks, decodes
+each object once into its typed record (``scheduler.objects``; an object whose ``resourceVersion`` the cache already
+holds is not decoded again), and turns what it sees into typed events (``Added``, ``Modified``, ``Deleted``, and
+``Synced`` after every (re)list) for one async callback, which feeds the scheduler's single-writer cluster state.
+Raw JSON goes no further than here.
 
 Why it is shaped this way:
 - A watch can break at any moment, and when the server has compacted the history it was reading (``410 Gone``)
@@ -12,7 +14,8 @@ Why it is shaped this way:
 - The diff and the per-event bookkeeping (:func:`apply`) are pure functions over a mapping, tested on their own.
 - Every watch carries a server-side ``timeoutSeconds`` (jittered, as client-go does, so a fleet of watches does not
   reconnect in step) and a client read timeout: silent hangs happen. Reconnects back off with capped jitter.
-- A malformed object (no name, not a mapping) is logged and counted, never fatal; so is a callback that raises.
+- A malformed object (no name, not a mapping, or one its decoder refuses) is logged and counted, never fatal; so is a
+  callback that raises.
 """
 
 from __future__ import annotations
@@ -22,11 +25,11 @@ import contextlib
 import dataclasses
 import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from common import logs
 from common.backoff import Backoff
-from scheduler.kube import client
+from scheduler.kube import kubeapi
 from scheduler.kube.errors import KubeError, KubeGone
 
 log = logs.get("scheduler.kube.watches")
@@ -35,20 +38,34 @@ Key = tuple[str, str]
 """``(namespace, name)``; the namespace is ``""`` for cluster-scoped objects."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Added:
-    obj: client.Obj
+class Record(Protocol):
+    """What the reflector needs of a decoded object: who it is and which version of it."""
+
+    @property
+    def uid(self) -> str: ...
+    @property
+    def resource_version(self) -> str: ...
+
+
+R = TypeVar("R", bound=Record)
+Decode = Callable[[Mapping[str, Any]], R | None]
+"""An object's JSON to its record; None when it cannot be one (counted as malformed)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Modified:
-    obj: client.Obj
-    old: client.Obj
+class Added(Generic[R]):
+    record: R
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Deleted:
-    obj: client.Obj
+class Modified(Generic[R]):
+    record: R
+    old: R
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Deleted(Generic[R]):
+    record: R
     """The last state known: the watch's DELETED object, or the cached one for a delete found by a relist."""
 
 
@@ -62,9 +79,9 @@ class Synced:
     """False for the first list, True for a list that repaired a gap."""
 
 
-Change = Added | Modified | Deleted
-ReflectorEvent = Added | Modified | Deleted | Synced
-Handler = Callable[[ReflectorEvent], Awaitable[None]]
+Change = Added[R] | Modified[R] | Deleted[R]
+ReflectorEvent = Added[R] | Modified[R] | Deleted[R] | Synced
+Handler = Callable[[ReflectorEvent[R]], Awaitable[None]]
 
 
 def key_of(obj: object) -> Key | None:
@@ -85,25 +102,24 @@ def _meta(obj: Mapping[str, Any], field: str) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _replaced(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+def _replaced(old: Record, uid: str) -> bool:
     """A namesake: same key, another object (deleted and created again while we looked away)."""
-    old_uid, new_uid = _meta(old, "uid"), _meta(new, "uid")
-    return bool(old_uid and new_uid and old_uid != new_uid)
+    return bool(old.uid and uid and old.uid != uid)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Diff:
-    changes: list[Change]
+class Diff(Generic[R]):
+    changes: list[tuple[Key, Change[R]]]
     malformed: int
 
 
-def diff(cache: Mapping[Key, client.Obj], listed: Iterable[object]) -> Diff:
+def diff(cache: Mapping[Key, R], listed: Iterable[object], decode: Decode[R]) -> Diff[R]:
     """What changed between the cache and a fresh list: deletes first (what the gap hid), then adds and updates.
 
     An object listed under a known key but with another uid was deleted and recreated in the gap: a ``Deleted``
-    of the old one and an ``Added`` of the new. An unchanged ``resourceVersion`` means no event.
+    of the old one and an ``Added`` of the new. An unchanged ``resourceVersion`` means no event, and no decoding.
     """
-    seen: dict[Key, client.Obj] = {}
+    seen: dict[Key, Mapping[str, Any]] = {}
     malformed = 0
     for obj in listed:
         key = key_of(obj)
@@ -112,49 +128,71 @@ def diff(cache: Mapping[Key, client.Obj], listed: Iterable[object]) -> Diff:
             continue
         assert isinstance(obj, dict)
         seen[key] = obj
-    changes: list[Change] = [Deleted(obj=old) for key, old in cache.items() if key not in seen]
+    changes: list[tuple[Key, Change[R]]] = [(key, Deleted(record=old)) for key, old in cache.items() if key not in seen]
     for key, obj in seen.items():
         old = cache.get(key)
+        version = _meta(obj, "resourceVersion")
+        if old is not None and not _replaced(old, _meta(obj, "uid")) and version and old.resource_version == version:
+            continue
+        record = decode(obj)
+        if record is None:
+            malformed += 1
+            continue
         if old is None:
-            changes.append(Added(obj=obj))
-        elif _replaced(old, obj):
-            changes.append(Deleted(obj=old))
-            changes.append(Added(obj=obj))
-        elif _meta(old, "resourceVersion") != _meta(obj, "resourceVersion") or not _meta(obj, "resourceVersion"):
-            changes.append(Modified(obj=obj, old=old))
+            changes.append((key, Added(record=record)))
+        elif _replaced(old, record.uid):
+            changes.append((key, Deleted(record=old)))
+            changes.append((key, Added(record=record)))
+        else:
+            changes.append((key, Modified(record=record, old=old)))
     return Diff(changes=changes, malformed=malformed)
 
 
-def apply(cache: Mapping[Key, client.Obj], event_type: client.WatchType, obj: client.Obj) -> list[Change]:
-    """The changes one watch event makes to the cache (not applied: see :func:`commit`).
+def apply(
+    cache: Mapping[Key, R], event_type: kubeapi.WatchType, obj: Mapping[str, Any], decode: Decode[R]
+) -> list[tuple[Key, Change[R]]] | None:
+    """The changes one watch event makes to the cache (not applied: see :func:`commit`); None when the object is
+    malformed (no key, or its decoder refuses it).
 
     ADDED for a known object is an update (a watch restarted from an older version replays it); MODIFIED for an
     unknown one is an add; DELETED of something never seen changes nothing.
     """
+    if event_type is kubeapi.WatchType.BOOKMARK:
+        return []
     key = key_of(obj)
-    if key is None or event_type is client.WatchType.BOOKMARK:
-        return []
+    if key is None:
+        return None
     old = cache.get(key)
-    if event_type is client.WatchType.DELETED:
-        return [] if old is None else [Deleted(obj=obj)]
-    if old is None:
-        return [Added(obj=obj)]
-    if _replaced(old, obj):
-        return [Deleted(obj=old), Added(obj=obj)]
-    if _meta(old, "resourceVersion") and _meta(old, "resourceVersion") == _meta(obj, "resourceVersion"):
+    if event_type is kubeapi.WatchType.DELETED and old is None:
         return []
-    return [Modified(obj=obj, old=old)]
+    version = _meta(obj, "resourceVersion")
+    if (
+        event_type is not kubeapi.WatchType.DELETED
+        and old is not None
+        and not _replaced(old, _meta(obj, "uid"))
+        and version
+        and old.resource_version == version
+    ):
+        return []
+    record = decode(obj)
+    if record is None:
+        return None
+    if event_type is kubeapi.WatchType.DELETED:
+        return [(key, Deleted(record=record))]
+    if old is None:
+        return [(key, Added(record=record))]
+    if _replaced(old, record.uid):
+        return [(key, Deleted(record=old)), (key, Added(record=record))]
+    return [(key, Modified(record=record, old=old))]
 
 
-def commit(cache: dict[Key, client.Obj], changes: Iterable[Change]) -> None:
+def commit(cache: dict[Key, R], changes: Iterable[tuple[Key, Change[R]]]) -> None:
     """Apply ``changes`` to ``cache`` in order."""
-    for change in changes:
-        key = key_of(change.obj)
-        assert key is not None
+    for key, change in changes:
         if isinstance(change, Deleted):
             cache.pop(key, None)
         else:
-            cache[key] = change.obj
+            cache[key] = change.record
 
 
 @dataclasses.dataclass(slots=True)
@@ -172,8 +210,9 @@ class ReflectorStats:
     last_error: str = ""
 
 
-class Reflector:
-    """Keeps :attr:`cache` equal to one resource (filtered by namespace and selectors) and reports every change.
+class Reflector(Generic[R]):
+    """Keeps :attr:`cache` equal to one resource (filtered by namespace and selectors), as records, and reports every
+    change.
 
     ``run`` lists, watches, and repairs gaps until it is cancelled; it never returns otherwise and never raises a
     Kubernetes error (they are logged, counted and retried). The handler is awaited for each event in order, so a
@@ -182,10 +221,11 @@ class Reflector:
 
     def __init__(
         self,
-        api: client.KubeApi,
-        resource: client.Resource,
+        api: kubeapi.KubeApi,
+        resource: kubeapi.Resource,
         *,
-        handler: Handler,
+        decode: Decode[R],
+        handler: Handler[R],
         namespace: str | None = None,
         label_selector: str | None = None,
         field_selector: str | None = None,
@@ -199,6 +239,7 @@ class Reflector:
             raise ValueError(f"watch_timeout_s must be at least 1 second, got {watch_timeout_s}")
         self._api = api
         self.resource = resource
+        self._decode = decode
         self._handler = handler
         self._namespace = namespace
         self._label_selector = label_selector
@@ -208,14 +249,14 @@ class Reflector:
         self._backoff = backoff or Backoff(base_s=0.2, cap_s=30.0)
         self._sleep = sleep
         self._uniform = uniform
-        self._cache: dict[Key, client.Obj] = {}
+        self._cache: dict[Key, R] = {}
         self._resource_version: str | None = None
         self._synced = asyncio.Event()
         self.stats = ReflectorStats()
         self.name = resource.plural + (f"[{field_selector}]" if field_selector else "")
 
     @property
-    def cache(self) -> Mapping[Key, client.Obj]:
+    def cache(self) -> Mapping[Key, R]:
         return self._cache
 
     @property
@@ -272,7 +313,7 @@ class Reflector:
         )
         self.stats.lists += 1
         self.stats.relists += int(relist)
-        found = diff(self._cache, listed.items)
+        found = diff(self._cache, listed.items, self._decode)
         if found.malformed:
             self.stats.malformed += found.malformed
             log.warning("list_objects_malformed", reflector=self.name, count=found.malformed)
@@ -310,22 +351,23 @@ class Reflector:
             async for event in stream:
                 delivered = True
                 version = _meta(event.object, "resourceVersion")
-                if event.type is not client.WatchType.BOOKMARK:
-                    if key_of(event.object) is None:
+                if event.type is not kubeapi.WatchType.BOOKMARK:
+                    changes = apply(self._cache, event.type, event.object, self._decode)
+                    if changes is None:
                         self.stats.malformed += 1
                         log.warning("watch_object_malformed", reflector=self.name, object=repr(event.object)[:200])
                     else:
-                        await self._emit(apply(self._cache, event.type, event.object))
+                        await self._emit(changes)
                 if version:
                     self._resource_version = version
         return delivered
 
-    async def _emit(self, changes: list[Change]) -> None:
-        for change in changes:
-            commit(self._cache, [change])
+    async def _emit(self, changes: list[tuple[Key, Change[R]]]) -> None:
+        for key, change in changes:
+            commit(self._cache, [(key, change)])
             await self._deliver(change)
 
-    async def _deliver(self, event: ReflectorEvent) -> None:
+    async def _deliver(self, event: ReflectorEvent[R]) -> None:
         self.stats.events += 1
         try:
             await self._handler(event)

@@ -14,10 +14,9 @@ from collections.abc import Mapping
 from common import clusterspec, names
 from common.errors import ClusterSpecError
 from common.resources import Resources
-from scheduler.kube import gpurequest
+from scheduler.objects import gpurequest
 from scheduler.placement import model
 
-HOSTNAME_LABEL = "kubernetes.io/hostname"
 """The kubelet's node label (a pinned pod selects its node by it)."""
 
 
@@ -47,7 +46,7 @@ def engine_pod(spec: clusterspec.PodSpec) -> model.Pod:
     share = _share(spec)
     selector = dict(spec.node_selector)
     if spec.node is not None:
-        selector[HOSTNAME_LABEL] = spec.node
+        selector[names.HOSTNAME_LABEL] = spec.node
     return model.Pod(
         uid=model.PodUid(f"{spec.namespace}/{spec.name}"),
         name=spec.name,

@@ -11,7 +11,7 @@ that leave a node's samples and nodes that are forgotten drop their rings.
 
 ``device_view`` fills the three measured fields of ``scheduler.placement.model.Device``: ``peak_used_bytes`` (None
 without a sample in the window), ``telemetry_stale`` (from ``staleness``) and ``unattributed_bytes`` (from
-``overuse.attribute``). Pure: the time is an argument.
+``detector.attribute``). Pure: the time is an argument.
 """
 
 from __future__ import annotations

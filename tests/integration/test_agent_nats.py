@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from agent import fakenode
+from agent.loop import AgentLoop
 from agent.metrics import AgentMetrics
 from agent.podmap import PodMapper
-from agent.publishing import AgentLoop
 from common import clusterspec, sequencing, subjects, wire
 from common.natsconn import NatsBus
 from common.natsserver import NatsServer

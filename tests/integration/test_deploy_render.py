@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from agent import app as agent_app
-from common import config, quantities
+from common import config, names, quantities
 from quotient import natskeys
 from tests.conftest import REPO, require_tool
 
@@ -430,8 +430,8 @@ def test_namespaced_objects_live_in_the_quotient_namespace_and_cluster_scoped_on
             assert obj["metadata"].get("namespace") == "quotient-reservation", label
         else:
             assert obj["metadata"].get("namespace") == NAMESPACE, label
-    names = {obj["metadata"]["name"] for obj in _by_kind(rendered, "Namespace")}
-    assert names == {NAMESPACE, "quotient-reservation"}
+    namespaces = {obj["metadata"]["name"] for obj in _by_kind(rendered, "Namespace")}
+    assert namespaces == {NAMESPACE, "quotient-reservation"}
 
 
 def test_the_queue_and_podgroup_crds_have_kais_names_scopes_status_and_printer_columns(rendered: list[Obj]) -> None:
@@ -526,13 +526,13 @@ def test_the_seeds_queues_and_kais_podgroups_are_valid_against_our_crds(
 
 
 def test_the_scheduler_passes_only_flags_that_quotient_scheduler_accepts(rendered: list[Obj]) -> None:
-    from scheduler import app as scheduler_app
+    from scheduler import settings as scheduler_settings
 
     container = _container(_scheduler(rendered), "scheduler")
     flags = _flags(container)
     parser = argparse.ArgumentParser(exit_on_error=False)
-    config.add_arguments(parser, scheduler_app.SETTINGS)
-    settings = {setting.flag: setting for setting in scheduler_app.SETTINGS}
+    config.add_arguments(parser, scheduler_settings.SETTINGS)
+    settings = {setting.flag: setting for setting in scheduler_settings.SETTINGS}
 
     assert container["command"] == ["quotient", "scheduler"]
     env_names = set(_env(container))
@@ -578,9 +578,9 @@ def test_the_scheduler_runs_two_leader_elected_replicas_named_by_the_downward_ap
 def test_the_lease_role_lets_the_scheduler_create_and_renew_only_its_own_lease(rendered: list[Obj]) -> None:
     role = _one(rendered, "Role", "quotient-scheduler-leader-election")
     binding = _one(rendered, "RoleBinding", "quotient-scheduler-leader-election")
-    from scheduler import app as scheduler_app
+    from scheduler import settings as scheduler_settings
 
-    lease_name = next(s.default for s in scheduler_app.SETTINGS if s.name == "lease_name")
+    lease_name = next(s.default for s in scheduler_settings.SETTINGS if s.name == "lease_name")
 
     assert role["metadata"]["namespace"] == NAMESPACE
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
@@ -772,14 +772,14 @@ def _webhook_entry(objects: Sequence[Obj]) -> Obj:
 
 def _webhook_settings(container: Obj) -> Any:
     """The webhook settings the container's environment gives ``quotient scheduler`` (downward API values faked)."""
-    from scheduler.kube import webhook
+    from scheduler import settings as scheduler_settings
 
     environ = {
         entry["name"]: entry.get("value", NAMESPACE if "fieldRef" in entry.get("valueFrom", {}) else "")
         for entry in container.get("env", [])
     }
-    values = config.resolve(webhook.SETTINGS, argparse.Namespace(), environ=environ, file_values={})
-    return webhook.settings_from(values)
+    values = config.resolve(scheduler_settings.WEBHOOK_SETTINGS, argparse.Namespace(), environ=environ, file_values={})
+    return scheduler_settings.webhook_settings_from(values)
 
 
 def test_the_webhook_configuration_calls_the_service_onto_the_port_every_scheduler_replica_serves(
@@ -811,11 +811,9 @@ def test_the_webhook_configuration_calls_the_service_onto_the_port_every_schedul
 def test_the_webhook_is_sent_only_pod_creations_of_our_scheduler_names_that_ask_for_a_gpu_share(
     rendered: list[Obj],
 ) -> None:
-    from scheduler.kube import gpurequest
-
     entry = _webhook_entry(rendered)
     conditions = {condition["name"]: condition["expression"] for condition in entry["matchConditions"]}
-    names = _flags(_container(_scheduler(rendered), "scheduler"))["--scheduler-name"].split(",")
+    scheduler_names = _flags(_container(_scheduler(rendered), "scheduler"))["--scheduler-name"].split(",")
 
     assert entry["rules"] == [
         {
@@ -838,12 +836,12 @@ def test_the_webhook_is_sent_only_pod_creations_of_our_scheduler_names_that_ask_
     assert excluded in entry["namespaceSelector"]["matchExpressions"]
     assert "objectSelector" not in entry
     assert set(conditions) == {"scheduled-by-quotient", "asks-for-a-gpu-share"}
-    assert re.findall(r"'([^']*)'", conditions["scheduled-by-quotient"]) == names
+    assert re.findall(r"'([^']*)'", conditions["scheduled-by-quotient"]) == scheduler_names
     assert set(re.findall(r"'([^']*)'", conditions["asks-for-a-gpu-share"])) == {
-        gpurequest.GPU_FRACTION,
-        gpurequest.GPU_MEMORY,
-        gpurequest.NUM_DEVICES,
-        gpurequest.CONTAINER_NAME,
+        names.GPU_FRACTION_ANNOTATION,
+        names.GPU_MEMORY_ANNOTATION,
+        names.GPU_FRACTION_NUM_DEVICES_ANNOTATION,
+        names.GPU_FRACTION_CONTAINER_ANNOTATION,
     }
 
 

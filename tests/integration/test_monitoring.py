@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
+from common.resources import Resources
 from scheduler.metrics import CONTENT_TYPE, SchedulerMetrics
 from scheduler.telemetry import live
 from tests.conftest import REPO, require_tool
@@ -325,20 +326,20 @@ def _scheduler_metrics() -> SchedulerMetrics:
     metrics.leader.set(1)
     metrics.set_queue(
         "research",
-        fair=(2000, 32_000, 256 * GIB),
-        deserved=(2000, 32_000, 256 * GIB),
-        quota=(2000, 32_000, 256 * GIB),
-        limit=(4000, -1, -1),
-        allocated=(6000, 48_000, 200 * GIB),
-        requested=(8000, 64_000, 300 * GIB),
+        fair=Resources(milli_gpu=2000, milli_cpu=32_000, memory_bytes=256 * GIB),
+        deserved=Resources(milli_gpu=2000, milli_cpu=32_000, memory_bytes=256 * GIB),
+        quota=Resources(milli_gpu=2000, milli_cpu=32_000, memory_bytes=256 * GIB),
+        limit=Resources(milli_gpu=4000, milli_cpu=-1, memory_bytes=-1),
+        allocated=Resources(milli_gpu=6000, milli_cpu=48_000, memory_bytes=200 * GIB),
+        requested=Resources(milli_gpu=8000, milli_cpu=64_000, memory_bytes=300 * GIB),
     )
     metrics.set_queue(
         "batch",
-        fair=(0, 0, 0),
-        deserved=(0, 0, 0),
-        quota=(0, 0, 0),
-        allocated=(500, 4000, 16 * GIB),
-        requested=(500, 4000, 16 * GIB),
+        fair=Resources(milli_gpu=0, milli_cpu=0, memory_bytes=0),
+        deserved=Resources(milli_gpu=0, milli_cpu=0, memory_bytes=0),
+        quota=Resources(milli_gpu=0, milli_cpu=0, memory_bytes=0),
+        allocated=Resources(milli_gpu=500, milli_cpu=4000, memory_bytes=16 * GIB),
+        requested=Resources(milli_gpu=500, milli_cpu=4000, memory_bytes=16 * GIB),
     )
     metrics.set_oldest_pending({"research": 1200.0, "batch": 0.0})
     metrics.set_pending({"OverQuota": 3, "GangDoesNotFit": 1})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -14,7 +15,11 @@ from quotient import reserve
 from quotient.emulator import status
 from quotient.emulator.emulator import EmulatorConfig, EmulatorThread
 from scheduler.kube import reservations
-from scheduler.kube.client import PODS, KubeClient
+from scheduler.kube.client import KubeClient
+from scheduler.kube.errors import KubeUnavailable
+from scheduler.kube.kubeapi import PODS
+from scheduler.objects import pods
+from scheduler.objects.records import PodRecord, ReservationPhase
 
 pytestmark = pytest.mark.integration
 
@@ -26,6 +31,13 @@ def probe(*indices: int) -> FakeProbe:
         FakeGpu(index=i, uuid=f"GPU-{i:08x}", model="NVIDIA A100-SXM4-80GB", memory_total_bytes=A100) for i in indices
     ]
     return FakeProbe(gpus, clock=time.time_ns)
+
+
+def record(pod: dict[str, object]) -> PodRecord:
+    """The pod as the scheduler's watch reads it."""
+    decoded = pods.decode(pod)
+    assert decoded is not None, pod
+    return decoded
 
 
 @pytest.fixture
@@ -51,18 +63,55 @@ async def test_the_reservation_pod_reports_its_device_and_the_manager_sees_it_re
         body = reservations.manifest(settings, node="node-x", group="node-x-gpu0-abc")
         pod = await api.create(PODS, body, namespace=settings.namespace)
         manager = reservations.ReservationManager(api, settings)
-        manager.observe(pod)
-        assert manager.reservations["node-x-gpu0-abc"].phase is reservations.Phase.WAITING_FOR_UUID
+        manager.observe(record(pod))
+        assert manager.reservations["node-x-gpu0-abc"].phase is ReservationPhase.WAITING_FOR_UUID
         uuid, index = reserve.read_device(probe(3))
         await reserve.report_device(
             api, namespace=settings.namespace, name=body["metadata"]["name"], uuid=uuid, index=index
         )
         stored = await api.get(PODS, name=body["metadata"]["name"], namespace=settings.namespace)
         assert stored is not None
-        manager.observe(stored)
+        manager.observe(record(stored))
         ready = manager.reservations["node-x-gpu0-abc"]
-        assert ready.phase is reservations.Phase.READY and ready.uuid == "GPU-00000003" and ready.index == 3
+        assert ready.phase is ReservationPhase.READY and ready.uuid == "GPU-00000003" and ready.index == 3
         answer = await manager.reserve("node-x-gpu0-abc", "node-x")
         assert answer == reservations.Reserved(group="node-x-gpu0-abc", uuid="GPU-00000003", index=3, created=False)
         elsewhere = await manager.reserve("node-x-gpu0-abc", "node-y")
         assert isinstance(elsewhere, reservations.NotReserved) and elsewhere.reason == "ReservationElsewhere"
+
+
+class FlakyApi:
+    """A Kubernetes API that is unavailable for its first ``failures`` patches."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.patches: list[dict[str, Any]] = []
+
+    async def patch(self, resource: object, body: dict[str, Any], *, name: str, namespace: str) -> dict[str, Any]:
+        self.patches.append(body)
+        if len(self.patches) <= self.failures:
+            raise KubeUnavailable("the API server is restarting")
+        return body
+
+
+async def test_an_unavailable_api_is_retried_with_backoff_until_it_takes_the_device() -> None:
+    api, waits = FlakyApi(failures=2), list[float]()
+
+    async def sleep(delay_s: float) -> None:
+        waits.append(delay_s)
+
+    await reserve.report_device(api, namespace="ns", name="r", uuid="GPU-1", index=1, sleep=sleep)  # type: ignore[arg-type]
+    assert len(api.patches) == 3 and len(waits) == 2
+    assert api.patches[-1] == {
+        "metadata": {"annotations": {"quotient.dev/gpu-uuid": "GPU-1", "quotient.dev/gpu-index": "1"}}
+    }
+
+
+async def test_an_api_that_stays_unavailable_fails_the_report_after_its_attempts() -> None:
+    async def sleep(delay_s: float) -> None:
+        return None
+
+    api = FlakyApi(failures=10)
+    with pytest.raises(KubeUnavailable, match="did not take the device's UUID after 4 attempts"):
+        await reserve.report_device(api, namespace="ns", name="r", uuid="GPU-1", index=1, attempts=4, sleep=sleep)  # type: ignore[arg-type]
+    assert len(api.patches) == 4

@@ -14,7 +14,7 @@ from common import subjects, wire
 from common.errors import BusError, WireReason
 from common.natsconn import NatsBus
 from common.natsserver import NatsServer
-from scheduler.telemetry import consumer
+from scheduler.telemetry.feed import consumer
 from tests.polling import until
 
 GIB = 1024**3

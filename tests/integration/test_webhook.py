@@ -13,8 +13,7 @@ import asyncio
 import base64
 import json
 import subprocess
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +24,11 @@ from common import clusterspec
 from quotient.emulator import status
 from quotient.emulator.emulator import EmulatorThread
 from quotient.emulator.runtime import PodLaunch
-from scheduler.kube import gpurequest, webhook
-from scheduler.kube.client import BindOutcome, KubeClient
+from scheduler.kube import webhook
+from scheduler.kube.client import KubeClient
+from scheduler.kube.kubeapi import BindOutcome
+from scheduler.objects import gpurequest
+from tests import polling
 from tests.conftest import REPO, require_tool
 from tests.integration.emulator.conftest import FAST, Kubectl, cluster
 
@@ -77,16 +79,6 @@ def base_configuration() -> Obj:
     ]
     configuration: Obj = found
     return configuration
-
-
-async def eventually(check: Callable[[], Any], *, what: str, timeout_s: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = await asyncio.to_thread(check)
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 class Replica:
@@ -153,7 +145,7 @@ async def world(emulator: EmulatorThread, kubectl: Kubectl, tmp_path: Path) -> A
         world = Cluster(emulator, kubectl, api, tmp_path)
         try:
             await world.start_replica()
-            await eventually(world.ca_bundle, what="the replica's CA in the caBundle")
+            await polling.until(lambda: asyncio.to_thread(world.ca_bundle), what="the replica's CA in the caBundle")
             yield world
         finally:
             for replica in world.replicas:
@@ -236,7 +228,9 @@ async def test_a_fractional_pod_is_stored_wired_to_its_configmap_and_runs_with_i
         waiting = (statuses.get("containerStatuses") or [{}])[0].get("state", {}).get("waiting", {})
         return f"{waiting.get('reason')}: {waiting.get('message')}" if waiting else ""
 
-    held = await eventually(waiting_reason, what="the kubelet to hold the pod for its ConfigMap")
+    held = await polling.until(
+        lambda: asyncio.to_thread(waiting_reason), what="the kubelet to hold the pod for its ConfigMap"
+    )
     assert held == f'CreateContainerConfigError: configmap "{configmap}" not found'
     assert "share" not in world.recorder.launches
 
@@ -248,7 +242,7 @@ async def test_a_fractional_pod_is_stored_wired_to_its_configmap_and_runs_with_i
         f"--from-literal=NVIDIA_VISIBLE_DEVICES={uuid}",
         "--from-literal=GPU_PORTION=0.50",
     )
-    await eventually(lambda: "share" in world.recorder.launches, what="the pod to start")
+    await polling.until(lambda: "share" in world.recorder.launches, what="the pod to start")
 
     env = world.recorder.launches["share"].env["main"]
     assert (env["NVIDIA_VISIBLE_DEVICES"], env["GPU_PORTION"]) == (uuid, "0.50")
@@ -285,7 +279,7 @@ async def test_both_replicas_are_trusted_through_one_ca_bundle_whichever_the_ser
     def trusted() -> int:
         return base64.b64decode(world.ca_bundle()).count(b"-----BEGIN CERTIFICATE-----")
 
-    await eventually(lambda: trusted() == 2, what="both replicas' CAs in the caBundle")
+    await polling.until(lambda: asyncio.to_thread(lambda: trusted() == 2), what="both replicas' CAs in the caBundle")
     for replica, name in ((second, "via-second"), (first, "via-first")):
         await world.route(replica)
         await world.run("create", "-f", "-", stdin=manifest(name, {"gpu-fraction": "0.25"}))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from common import wire
+from common import names, wire
+from scheduler.objects import nodes, pods, queues
+from scheduler.objects.records import PodRecord, QueueRecord
 from scheduler.state import cache, snapshot
 from scheduler.telemetry import live, overuse
 from tests.unit.telemetry.builders import GIB, NODE, S, gpu, proc, sample
@@ -74,44 +77,58 @@ def queue_obj(name: str, policy: str | None = None) -> dict[str, Any]:
     }
 
 
-def cluster(*pods: dict[str, Any], nodes: tuple[str, ...] = (NODE,)) -> cache.ClusterState:
+def pod_record(obj: Mapping[str, Any]) -> PodRecord:
+    record = pods.decode(obj)
+    assert record is not None
+    return record
+
+
+def queue_record(name: str, policy: str | None = None) -> QueueRecord:
+    record = queues.decode(queue_obj(name, policy))
+    assert record is not None
+    return record
+
+
+def cluster(*members: dict[str, Any], node_names: tuple[str, ...] = (NODE,)) -> cache.ClusterState:
     state = cache.ClusterState(scheduler_names=["quotient"])
-    for name in nodes:
-        state.put_node(node_obj(name))
-    for pod in pods:
-        state.put_pod(pod)
+    for name in node_names:
+        record = nodes.decode(node_obj(name))
+        assert record is not None
+        state.put_node(record)
+    for pod in members:
+        state.put_pod(pod_record(pod))
     return state
 
 
-def names(result: live.LiveResult) -> list[tuple[str, str, str | None]]:
+def alerted(result: live.LiveResult) -> list[tuple[str, str, str | None]]:
     return [(t.name.value, t.state.value, t.pod_name) for t in result.transitions]
 
 
 def test_a_share_over_its_fraction_of_the_device_fires_after_the_grace_and_resolves_when_back_under() -> None:
     state = cluster(share("a", "0.25", 0), share("b", "0.25", 0))
-    telemetry = live.LiveTelemetry(SETTINGS)
+    telemetry = live.LiveTelemetry(SETTINGS, state)
     over = gpu(0, proc(1, 30, "a"), proc(2, 5, "b")), gpu(1)
-    first = telemetry.apply([sample(*over, at_s=0)], state=state, now_ns=0)
+    first = telemetry.apply([sample(*over, at_s=0)], now_ns=0)
     assert first.transitions == ()
-    fired = telemetry.apply([sample(*over, at_s=2)], state=state, now_ns=2 * S)
-    assert names(fired) == [("GpuMemoryOverconsumption", "firing", "pod-a")]
+    fired = telemetry.apply([sample(*over, at_s=2)], now_ns=2 * S)
+    assert alerted(fired) == [("GpuMemoryOverconsumption", "firing", "pod-a")]
     alert = fired.transitions[0]
     assert alert.allotted_bytes == 20 * GIB and alert.used_bytes == 30 * GIB
     assert alert.neighbours == ("ml/pod-b",) and alert.queue == "team-a"
     under = gpu(0, proc(1, 10, "a"), proc(2, 5, "b")), gpu(1)
-    resolved = telemetry.apply([sample(*under, at_s=3)], state=state, now_ns=3 * S)
-    assert names(resolved) == [("GpuMemoryOverconsumption", "resolved", "pod-a")]
+    resolved = telemetry.apply([sample(*under, at_s=3)], now_ns=3 * S)
+    assert alerted(resolved) == [("GpuMemoryOverconsumption", "resolved", "pod-a")]
 
 
 def test_the_queue_annotation_evict_turns_a_lasting_overuse_into_an_eviction_of_that_pod_only() -> None:
     state = cluster(share("a", "0.25", 0), share("b", "0.25", 0))
-    state.put_queue(queue_obj("team-a", "evict"))
-    telemetry = live.LiveTelemetry(SETTINGS)
+    state.put_queue(queue_record("team-a", "evict"))
+    telemetry = live.LiveTelemetry(SETTINGS, state)
     over = gpu(0, proc(1, 30, "a"), proc(2, 5, "b"))
     evictions = [
         eviction
         for at_s in (0, 2, 3)
-        for eviction in telemetry.apply([sample(over, at_s=at_s)], state=state, now_ns=at_s * S).evictions
+        for eviction in telemetry.apply([sample(over, at_s=at_s)], now_ns=at_s * S).evictions
     ]
     assert [(e.pod_uid, e.gpu_index, e.used_bytes, e.allotted_bytes) for e in evictions] == [
         ("a", 0, 30 * GIB, 20 * GIB)
@@ -120,10 +137,10 @@ def test_the_queue_annotation_evict_turns_a_lasting_overuse_into_an_eviction_of_
 
 def test_an_invalid_policy_annotation_gets_the_cluster_default_and_is_reported_once() -> None:
     state = cluster(share("a", "0.25", 0))
-    state.put_queue(queue_obj("team-a", "Evict"))
-    telemetry = live.LiveTelemetry(SETTINGS)
+    state.put_queue(queue_record("team-a", "Evict"))
+    telemetry = live.LiveTelemetry(SETTINGS, state)
     over = gpu(0, proc(1, 30, "a"))
-    results = [telemetry.apply([sample(over, at_s=t)], state=state, now_ns=t * S) for t in (0, 2, 3, 4)]
+    results = [telemetry.apply([sample(over, at_s=t)], now_ns=t * S) for t in (0, 2, 3, 4)]
     assert [len(r.policy_problems) for r in results] == [1, 0, 0, 0]
     assert "'Evict' is not 'alert' or 'evict'" in results[0].policy_problems[0].message
     assert all(not r.evictions for r in results)
@@ -132,10 +149,10 @@ def test_an_invalid_policy_annotation_gets_the_cluster_default_and_is_reported_o
 def test_gpu_memory_shares_and_whole_gpus_are_allotted_their_bytes_and_the_whole_device() -> None:
     memory = pod_obj("m", annotations={"gpu-memory": "10240", "quotient.dev/gpu-devices": "0"})
     whole = pod_obj("w", gpus=1, annotations={"quotient.dev/gpu-devices": "1"})
-    reservation = pod_obj("r", labels={snapshot.RESERVATION_GROUP_LABEL: "g0"})
+    reservation = pod_obj("r", labels={names.RESERVATION_GROUP_LABEL: "g0"})
     state = cluster(memory, whole, reservation)
-    telemetry = live.LiveTelemetry(SETTINGS)
-    result = telemetry.apply([sample(gpu(0, proc(1, 4, "m")), gpu(1, proc(2, 70, "w")))], state=state, now_ns=0)
+    telemetry = live.LiveTelemetry(SETTINGS, state)
+    result = telemetry.apply([sample(gpu(0, proc(1, 4, "m")), gpu(1, proc(2, 70, "w")))], now_ns=0)
     rows = result.rows[NODE]
     assert {(row.name, row.gpu_index, row.allotted_bytes, row.used_bytes) for row in rows.pods} == {
         ("pod-m", 0, 10 * GIB, 4 * GIB),
@@ -148,9 +165,9 @@ def test_gpu_memory_shares_and_whole_gpus_are_allotted_their_bytes_and_the_whole
 
 
 def test_a_claim_about_a_pod_bound_to_another_node_is_dropped_and_counted_and_the_rest_stands() -> None:
-    state = cluster(share("a", "0.25", 0), share("elsewhere", "0.25", 0, node="other"), nodes=(NODE, "other"))
-    telemetry = live.LiveTelemetry(SETTINGS)
-    result = telemetry.apply([sample(gpu(0, proc(1, 3, "a"), proc(2, 50, "elsewhere")))], state=state, now_ns=0)
+    state = cluster(share("a", "0.25", 0), share("elsewhere", "0.25", 0, node="other"), node_names=(NODE, "other"))
+    telemetry = live.LiveTelemetry(SETTINGS, state)
+    result = telemetry.apply([sample(gpu(0, proc(1, 3, "a"), proc(2, 50, "elsewhere")))], now_ns=0)
     assert result.foreign_claims == 1
     assert {(row.name, row.used_bytes) for row in result.rows[NODE].pods} == {("pod-a", 3 * GIB)}
     assert result.rows[NODE].devices[0].unattributed_bytes == 0
@@ -158,11 +175,11 @@ def test_a_claim_about_a_pod_bound_to_another_node_is_dropped_and_counted_and_th
 
 def test_memory_of_no_pod_fires_unattributed_and_lowers_the_measured_headroom() -> None:
     state = cluster(share("a", "0.5", 0))
-    telemetry = live.LiveTelemetry(SETTINGS)
+    telemetry = live.LiveTelemetry(SETTINGS, state)
     busy = gpu(0, proc(1, 2, "a"), proc(9, 70))
-    telemetry.apply([sample(busy, at_s=0)], state=state, now_ns=0)
-    result = telemetry.apply([sample(busy, at_s=2)], state=state, now_ns=2 * S)
-    assert names(result) == [("UnattributedGpuMemory", "firing", None)]
+    telemetry.apply([sample(busy, at_s=0)], now_ns=0)
+    result = telemetry.apply([sample(busy, at_s=2)], now_ns=2 * S)
+    assert alerted(result) == [("UnattributedGpuMemory", "firing", None)]
     views = telemetry.device_views(NODE)
     assert views is not None
     assert views[0].peak_used_bytes == 72 * GIB and views[0].unattributed_bytes == 70 * GIB and not views[0].stale
@@ -170,48 +187,48 @@ def test_memory_of_no_pod_fires_unattributed_and_lowers_the_measured_headroom() 
 
 def test_headroom_changes_are_reported_once_and_an_unchanged_sample_reports_none() -> None:
     state = cluster()
-    telemetry = live.LiveTelemetry(SETTINGS)
-    first = telemetry.apply([sample(gpu(0, proc(1, 5)), at_s=0)], state=state, now_ns=0)
+    telemetry = live.LiveTelemetry(SETTINGS, state)
+    first = telemetry.apply([sample(gpu(0, proc(1, 5)), at_s=0)], now_ns=0)
     assert first.headroom_changed == {NODE}
     assert telemetry.take_changed() == {NODE} and telemetry.take_changed() == frozenset()
-    again = telemetry.apply([sample(gpu(0, proc(1, 5)), at_s=1)], state=state, now_ns=1 * S)
+    again = telemetry.apply([sample(gpu(0, proc(1, 5)), at_s=1)], now_ns=1 * S)
     assert again.headroom_changed == frozenset()
 
 
 def test_a_silent_node_turns_stale_fires_telemetry_stale_and_recovers_with_its_next_sample() -> None:
     state = cluster()
-    telemetry = live.LiveTelemetry(SETTINGS)
-    telemetry.apply([sample(gpu(0, proc(1, 0.5)), at_s=0, interval_ms=200)], state=state, now_ns=0)
+    telemetry = live.LiveTelemetry(SETTINGS, state)
+    telemetry.apply([sample(gpu(0, proc(1, 0.5)), at_s=0, interval_ms=200)], now_ns=0)
     telemetry.take_changed()
     assert telemetry.check(now_ns=4 * S).transitions == ()
     stale = telemetry.check(now_ns=6 * S)
-    assert names(stale) == [("TelemetryStale", "firing", None)] and stale.headroom_changed == {NODE}
+    assert alerted(stale) == [("TelemetryStale", "firing", None)] and stale.headroom_changed == {NODE}
     views = telemetry.device_views(NODE)
     assert views is not None and views[0].stale
     assert telemetry.ages_s(now_ns=6 * S) == {NODE: 6.0}
-    back = telemetry.apply([sample(gpu(0, proc(1, 0.5)), at_s=7, interval_ms=200)], state=state, now_ns=7 * S)
-    assert names(back) == [("TelemetryStale", "resolved", None)]
+    back = telemetry.apply([sample(gpu(0, proc(1, 0.5)), at_s=7, interval_ms=200)], now_ns=7 * S)
+    assert alerted(back) == [("TelemetryStale", "resolved", None)]
     views = telemetry.device_views(NODE)
     assert views is not None and not views[0].stale
 
 
 def test_a_forgotten_node_resolves_its_alerts_and_loses_its_rows_and_views() -> None:
     state = cluster(share("a", "0.25", 0))
-    telemetry = live.LiveTelemetry(SETTINGS)
+    telemetry = live.LiveTelemetry(SETTINGS, state)
     over = gpu(0, proc(1, 30, "a"))
     for at_s in (0, 2):
-        telemetry.apply([sample(over, at_s=at_s)], state=state, now_ns=at_s * S)
-    result = telemetry.apply([], state=state, now_ns=3 * S, forgotten=[NODE])
-    assert names(result) == [("GpuMemoryOverconsumption", "resolved", "pod-a")]
+        telemetry.apply([sample(over, at_s=at_s)], now_ns=at_s * S)
+    result = telemetry.apply([], now_ns=3 * S, forgotten=[NODE])
+    assert alerted(result) == [("GpuMemoryOverconsumption", "resolved", "pod-a")]
     assert result.forgotten == {NODE} and telemetry.device_views(NODE) is None
 
 
 def test_the_snapshot_rebuilds_only_nodes_whose_measured_view_changed() -> None:
-    state = cluster(nodes=(NODE, "quiet"))
-    telemetry = live.LiveTelemetry(SETTINGS)
+    state = cluster(node_names=(NODE, "quiet"))
+    telemetry = live.LiveTelemetry(SETTINGS, state)
     builder = snapshot.SnapshotBuilder(state, measured=telemetry)
     before = builder.build(0).snapshot
-    telemetry.apply([sample(gpu(0, proc(1, 60)), gpu(1), at_s=1)], state=state, now_ns=1 * S)
+    telemetry.apply([sample(gpu(0, proc(1, 60)), gpu(1), at_s=1)], now_ns=1 * S)
     after = builder.build(1 * S).snapshot
     assert after.nodes is not before.nodes
     assert after.nodes["quiet"] is before.nodes["quiet"]  # type: ignore[index]
@@ -223,10 +240,10 @@ def test_the_snapshot_rebuilds_only_nodes_whose_measured_view_changed() -> None:
 
 def test_alert_transitions_carry_everything_the_wire_alert_needs() -> None:
     state = cluster(share("a", "0.25", 0))
-    telemetry = live.LiveTelemetry(SETTINGS)
+    telemetry = live.LiveTelemetry(SETTINGS, state)
     over = gpu(0, proc(1, 30, "a"))
-    telemetry.apply([sample(over, at_s=0)], state=state, now_ns=0)
-    (transition,) = telemetry.apply([sample(over, at_s=2)], state=state, now_ns=2 * S).transitions
+    telemetry.apply([sample(over, at_s=0)], now_ns=0)
+    (transition,) = telemetry.apply([sample(over, at_s=2)], now_ns=2 * S).transitions
     alert = wire.decode_alert(wire.encode(overuse.to_alert(transition, emitter="sched", boot="b", seq=1)))
     assert (alert.pod_namespace, alert.pod_name, alert.node_name, alert.gpu_index) == ("ml", "pod-a", NODE, 0)
 
@@ -235,7 +252,7 @@ def reservation(uid: str, group: str, index: int) -> dict[str, Any]:
     return pod_obj(
         uid,
         annotations={"quotient.dev/gpu-index": str(index), "quotient.dev/gpu-uuid": f"GPU-{index:04d}"},
-        labels={snapshot.RESERVATION_GROUP_LABEL: group},
+        labels={names.RESERVATION_GROUP_LABEL: group},
         gpus=1,
     )
 
@@ -243,14 +260,14 @@ def reservation(uid: str, group: str, index: int) -> dict[str, Any]:
 def test_a_reservation_still_holding_a_device_after_its_groups_pods_are_gone_is_a_ghost() -> None:
     held = reservation("r", "grp", 1)
     member = share("a", "0.5", 1, labels={"runai-gpu-group": "grp"})
-    telemetry = live.LiveTelemetry(SETTINGS)
-    with_member = cluster(held, member)
+    state = cluster(held, member)
+    telemetry = live.LiveTelemetry(SETTINGS, state)
     for at_s in (0, 700):
         sampled = sample(gpu(0), gpu(1, proc(1, 5, "a")), at_s=at_s)
-        assert telemetry.apply([sampled], state=with_member, now_ns=at_s * S).transitions == ()
-    alone = cluster(held)
-    assert telemetry.apply([sample(gpu(0), gpu(1), at_s=800)], state=alone, now_ns=800 * S).transitions == ()
-    fired = telemetry.apply([sample(gpu(0), gpu(1), at_s=1400)], state=alone, now_ns=1400 * S)
+        assert telemetry.apply([sampled], now_ns=at_s * S).transitions == ()
+    state.delete_pod("a")
+    assert telemetry.apply([sample(gpu(0), gpu(1), at_s=800)], now_ns=800 * S).transitions == ()
+    fired = telemetry.apply([sample(gpu(0), gpu(1), at_s=1400)], now_ns=1400 * S)
     [ghost] = fired.transitions
     assert (ghost.name, ghost.state, ghost.gpu_index) == (overuse.AlertName.GHOST_ALLOCATION, wire.AlertState.FIRING, 1)
     assert "GPU group grp, whose pods are all gone" in ghost.message

@@ -5,10 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from common import names
 from scheduler.kube import binding, reservations
-from scheduler.kube.reservations import ActionKind, Phase, Reservation, Settings, Sharer
+from scheduler.kube.reservations import Settings
+from scheduler.objects import nodes, pods
+from scheduler.objects.records import NodeRecord, PodRecord, Reservation
+from scheduler.objects.records import ReservationPhase as Phase
 from scheduler.placement import model
-from scheduler.state import snapshot
+from scheduler.state import gpugroups, models
+from scheduler.state.gpugroups import ActionKind, Sharer
 
 SETTINGS = Settings(uuid_timeout_s=10.0, drain_grace_s=2.0)
 
@@ -17,8 +22,8 @@ def reservation_pod(group: str = "node-a-gpu0-x", *, uuid: str | None = None, **
     pod = reservations.manifest(SETTINGS, node="node-a", group=group)
     pod["metadata"]["uid"] = "uid-r"
     if uuid is not None:
-        pod["metadata"]["annotations"][reservations.UUID_ANNOTATION] = uuid
-        pod["metadata"]["annotations"][reservations.INDEX_ANNOTATION] = "3"
+        pod["metadata"]["annotations"][names.RESERVATION_UUID_ANNOTATION] = uuid
+        pod["metadata"]["annotations"][names.RESERVATION_INDEX_ANNOTATION] = "3"
     pod["metadata"].update(extra.pop("metadata", {}))
     pod.update(extra)
     return pod
@@ -44,14 +49,14 @@ def plan(
     busy: frozenset[str] = frozenset(),
     settings: Settings = SETTINGS,
 ) -> list[tuple[ActionKind, str]]:
-    actions = reservations.reconcile(
+    actions = gpugroups.reconcile(
         reservations_by_group,
         sharers,
         busy=busy,
         waiting_since_s=waiting or {},
         idle_since_s=idle or {},
         now_s=now_s,
-        settings=settings,
+        limits=settings.limits,
     )
     return [(action.kind, action.group) for action in actions]
 
@@ -64,8 +69,7 @@ def test_the_manifest_holds_one_whole_gpu_on_its_node_through_the_nvidia_runtime
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert container["command"] == ["quotient", "reserve"]
     assert pod["metadata"]["namespace"] == "quotient-reservation"
-    assert pod["metadata"]["labels"][reservations.GROUP_LABEL] == "node-a-gpu0-x"
-    assert reservations.GROUP_LABEL == snapshot.RESERVATION_GROUP_LABEL
+    assert pod["metadata"]["labels"][names.RESERVATION_GROUP_LABEL] == "node-a-gpu0-x"
 
 
 def test_the_pod_name_is_a_dns_label_and_the_same_for_the_same_group() -> None:
@@ -75,16 +79,27 @@ def test_the_pod_name_is_a_dns_label_and_the_same_for_the_same_group() -> None:
     assert name != reservations.pod_name("Node_With.Odd-Name" * 5, "group-2")
 
 
+def read(obj: Mapping[str, Any]) -> Reservation | None:
+    """The reservation the pod decoder reads off a pod (a uid is added: the decoder refuses a pod without one)."""
+    return record({**obj, "metadata": {"uid": "uid-x", **obj["metadata"]}}).reservation
+
+
+def record(obj: Mapping[str, Any]) -> PodRecord:
+    decoded = pods.decode(obj)
+    assert decoded is not None
+    return decoded
+
+
 def test_a_reservation_is_read_back_from_its_pod_in_each_phase() -> None:
-    waiting = reservations.read(reservation_pod())
+    waiting = read(reservation_pod())
     assert waiting is not None and waiting.phase is Phase.WAITING_FOR_UUID and waiting.node == "node-a"
-    ready = reservations.read(reservation_pod(uuid="GPU-1"))
+    ready = read(reservation_pod(uuid="GPU-1"))
     assert ready is not None and ready.phase is Phase.READY and ready.uuid == "GPU-1" and ready.index == 3
-    draining = reservations.read(reservation_pod(uuid="GPU-1", metadata={"deletionTimestamp": "2026-01-01T00:00:00Z"}))
+    draining = read(reservation_pod(uuid="GPU-1", metadata={"deletionTimestamp": "2026-01-01T00:00:00Z"}))
     assert draining is not None and draining.phase is Phase.DRAINING
-    failed = reservations.read(reservation_pod(status={"phase": "Failed", "reason": "UnexpectedAdmissionError"}))
+    failed = read(reservation_pod(status={"phase": "Failed", "reason": "UnexpectedAdmissionError"}))
     assert failed is not None and failed.failed is not None and "UnexpectedAdmissionError" in failed.failed
-    assert reservations.read({"metadata": {"name": "other", "labels": {"app": "x"}}}) is None
+    assert read({"metadata": {"name": "other", "labels": {"app": "x"}}}) is None
 
 
 def test_a_reservation_without_sharing_pods_is_drained_only_after_the_grace() -> None:
@@ -131,11 +146,15 @@ def test_the_configmap_names_the_devices_and_portion_and_is_owned_by_its_pod() -
     assert metadata["ownerReferences"] == [{"apiVersion": "v1", "kind": "Pod", "name": "infer", "uid": "uid-1"}]
 
 
-def _node(gpus: int = 2) -> dict[str, Any]:
-    return {
-        "metadata": {"name": "node-a", "labels": {"nvidia.com/gpu.memory": "81920"}},
-        "status": {"allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}},
-    }
+def _node(gpus: int = 2) -> NodeRecord:
+    node = nodes.decode(
+        {
+            "metadata": {"name": "node-a", "labels": {"nvidia.com/gpu.memory": "81920"}},
+            "status": {"allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}},
+        }
+    )
+    assert node is not None
+    return node
 
 
 def _share(uid: str, group: str) -> dict[str, Any]:
@@ -160,10 +179,10 @@ def _share(uid: str, group: str) -> dict[str, Any]:
 def test_a_reservation_with_shares_is_accounted_through_them_and_one_without_holds_a_whole_device() -> None:
     reservation = reservation_pod("grp", uuid="GPU-1")
     reservation["metadata"]["uid"] = "uid-res"
-    with_shares = snapshot.build_node(_node(), [reservation, _share("s1", "grp")], {})
+    with_shares = models.build_node(_node(), [record(reservation), record(_share("s1", "grp"))], {})
     assert isinstance(with_shares, model.Node)
     assert [device.allotted_milli_gpu for device in with_shares.devices] == [500, 0]
-    alone = snapshot.build_node(_node(), [reservation], {})
+    alone = models.build_node(_node(), [record(reservation)], {})
     assert isinstance(alone, model.Node)
     assert [device.allotted_milli_gpu for device in alone.devices] == [1000, 0]
     assert alone.devices[0].holders == (model.PodUid("uid-res"),)
@@ -182,11 +201,11 @@ class _RacingApi:
             **created,
             "metadata": {
                 **created["metadata"],
-                "annotations": {**created["metadata"]["annotations"], reservations.UUID_ANNOTATION: "GPU-9"},
+                "annotations": {**created["metadata"]["annotations"], names.RESERVATION_UUID_ANNOTATION: "GPU-9"},
             },
         }
         assert self.manager is not None
-        self.manager.observe(ready)  # the watch event, first
+        self.manager.observe(record(ready))  # the watch event, first
         return created  # the answer: the pod as created, without the UUID
 
 
@@ -198,22 +217,21 @@ async def test_a_uuid_the_watch_showed_before_the_creates_answer_is_not_lost() -
     assert answer == reservations.Reserved(group="node-a-gpu0-x", uuid="GPU-9", index=None, created=True)
 
 
-def test_the_keeper_reads_the_pods_of_each_group_and_follows_their_phase_and_deletion() -> None:
-    from scheduler import sharing
+def test_the_sharers_of_each_group_follow_their_pods_phase_and_deletion() -> None:
     from scheduler.state import cache
 
     state = cache.ClusterState(scheduler_names=["quotient"])
     pending = {**_share("s1", "grp"), "status": {"phase": "Pending"}}
     pending["spec"] = {**pending["spec"], "schedulerName": "quotient"}
-    state.put_pod(pending)
-    state.put_pod({"metadata": {"uid": "plain", "name": "plain", "namespace": "default"}, "spec": {"nodeName": "n"}})
-    keeper = sharing.GroupKeeper.__new__(sharing.GroupKeeper)
-    keeper._state, keeper._readings = state, {}
+    state.put_pod(record(pending))
+    plain = {"metadata": {"uid": "plain", "name": "plain", "namespace": "default"}, "spec": {"nodeName": "n"}}
+    state.put_pod(record(plain))
+    sharers = gpugroups.Sharers(state)
     assert state.sharing_pods == {"s1"}
-    [member] = keeper.sharers()["grp"]
+    [member] = sharers.by_group()["grp"]
     assert (member.uid, member.node, member.started) == ("s1", "node-a", False)
-    state.put_pod({**pending, "status": {"phase": "Running"}})  # a status write only: the state keeps the new object
-    [member] = keeper.sharers()["grp"]
+    state.put_pod(record({**pending, "status": {"phase": "Running"}}))  # a status write only: a new record is kept
+    [member] = sharers.by_group()["grp"]
     assert member.started
     state.delete_pod("s1")
-    assert keeper.sharers() == {} and state.sharing_pods == set()
+    assert sharers.by_group() == {} and state.sharing_pods == set()

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common import wire
+from common import sequencing, wire
 from common.errors import WireError, WireReason
 
 Decoder = Callable[[bytes], wire.WireMessage]
@@ -661,8 +661,8 @@ def test_a_message_on_another_nodes_subject_is_subject_mismatch() -> None:
 
 
 def test_a_message_out_of_sequence_is_a_verdict_not_an_exception() -> None:
-    gate = wire.SequenceGate()
-    assert gate.admit("n", boot="a", seq=5, ts_ns=10) is wire.Admission.ACCEPTED
+    gate = sequencing.SequenceGate()
+    assert gate.admit("n", boot="a", seq=5, ts_ns=10) is sequencing.Admission.ACCEPTED
     verdict = gate.admit("n", boot="a", seq=5, ts_ns=10)
     assert not verdict.accepted  # the consumer counts it under WireReason.OUT_OF_SEQUENCE
 
@@ -716,7 +716,7 @@ def test_a_batch_refuses_oversized_payloads_and_needs_one_subject_per_payload() 
 
 
 def test_the_gate_reads_the_envelope_of_a_decoded_message() -> None:
-    gate = wire.SequenceGate()
+    gate = sequencing.SequenceGate()
     message = wire.decode_telemetry(packed("telemetry"))
-    assert gate.admit_message(message) is wire.Admission.ACCEPTED
-    assert gate.admit_message(message) is wire.Admission.REPEATED_SEQ
+    assert gate.admit_message(message) is sequencing.Admission.ACCEPTED
+    assert gate.admit_message(message) is sequencing.Admission.REPEATED_SEQ

@@ -20,7 +20,7 @@ import pytest
 
 from quotient.emulator.emulator import Emulator, EmulatorConfig
 from quotient.emulator.server import ServerConfig
-from scheduler.kube import client
+from scheduler.kube import kubeapi
 from scheduler.kube.client import KubeClient
 from tests import polling
 from tests.unit.kube.fakes import MemoryKube
@@ -30,7 +30,7 @@ Obj = dict[str, Any]
 NODE = "node-a"
 NAMESPACES = ("default", "ml")
 BOOKMARK_INTERVAL_S = 1.0
-CUSTOM_RESOURCE_DEFINITIONS = client.Resource(
+CUSTOM_RESOURCE_DEFINITIONS = kubeapi.Resource(
     group="apiextensions.k8s.io",
     version="v1",
     plural="customresourcedefinitions",
@@ -44,11 +44,11 @@ class Backend:
     """One ``KubeApi`` under contract and the server-side hooks the contract uses."""
 
     name: str
-    api: client.KubeApi
+    api: kubeapi.KubeApi
     compact: Callable[[], object]
     drop_watches: Callable[[bool], object]
     """End every open watch; ``True``: cut the connections instead."""
-    define: Callable[[client.Resource], Awaitable[None]]
+    define: Callable[[kubeapi.Resource], Awaitable[None]]
     """Serve a new namespaced kind (a CustomResourceDefinition on a real server)."""
     bookmark: Callable[[], Awaitable[None]]
     """Have the watch being opened sent a bookmark soon (the emulator sends one every ``BOOKMARK_INTERVAL_S``)."""
@@ -59,9 +59,9 @@ async def kube(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     if request.param == "memory":
         fake = MemoryKube(require_namespaces=True)
         for namespace in NAMESPACES:
-            await fake.create(client.NAMESPACES, {"metadata": {"name": namespace}})
+            await fake.create(kubeapi.NAMESPACES, {"metadata": {"name": namespace}})
 
-        async def define_in_memory(resource: client.Resource) -> None:
+        async def define_in_memory(resource: kubeapi.Resource) -> None:
             fake.define(resource)
 
         async def bookmark_when_watched() -> None:
@@ -81,9 +81,9 @@ async def kube(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
         default_queues=False, server=ServerConfig(bookmark_interval_s=BOOKMARK_INTERVAL_S), scripted_pods=False
     )
     async with Emulator(config=config) as emulator, KubeClient.for_server(emulator.url, request_timeout_s=5.0) as api:
-        await api.create(client.NAMESPACES, {"metadata": {"name": "ml"}})
+        await api.create(kubeapi.NAMESPACES, {"metadata": {"name": "ml"}})
 
-        async def define_by_crd(resource: client.Resource) -> None:
+        async def define_by_crd(resource: kubeapi.Resource) -> None:
             await api.create(CUSTOM_RESOURCE_DEFINITIONS, crd(resource))
 
         async def periodic_bookmarks() -> None:
@@ -99,7 +99,7 @@ async def kube(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
         )
 
 
-def crd(resource: client.Resource) -> Obj:
+def crd(resource: kubeapi.Resource) -> Obj:
     """A CustomResourceDefinition serving ``resource`` (namespaced, any fields)."""
     return {
         "metadata": {"name": f"{resource.plural}.{resource.group}"},
@@ -147,12 +147,12 @@ def version(found: Obj) -> int:
     return int(found["metadata"]["resourceVersion"])
 
 
-async def changes(stream: AsyncGenerator[client.WatchEvent, None], count: int) -> list[client.WatchEvent]:
+async def changes(stream: AsyncGenerator[kubeapi.WatchEvent, None], count: int) -> list[kubeapi.WatchEvent]:
     """The first ``count`` events of a watch that are not bookmarks (the emulator sends those on its own)."""
-    found: list[client.WatchEvent] = []
+    found: list[kubeapi.WatchEvent] = []
     async with contextlib.aclosing(stream), asyncio.timeout(10):
         async for event in stream:
-            if event.type is not client.WatchType.BOOKMARK:
+            if event.type is not kubeapi.WatchType.BOOKMARK:
                 found.append(event)
                 if len(found) == count:
                     break

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.kube import client
+from scheduler.kube import kubeapi
 from scheduler.kube.errors import KubeAlreadyExists, KubeConflict, KubeError, KubeInvalid, KubeNotFound
 from tests.integration.kube.conftest import NODE, Backend, pod, queue, version
 
@@ -22,12 +22,12 @@ STALE = (
 
 
 async def test_create_answers_the_stored_object_with_its_identity_and_a_new_version(kube: Backend) -> None:
-    before = await kube.api.list(client.PODS)
+    before = await kube.api.list(kubeapi.PODS)
     sent = pod("p", labels={"app": "a"})
     sent["metadata"].update(uid="mine", resourceVersion="77")
     sent["status"] = {"phase": "Running"}
 
-    created = await kube.api.create(client.PODS, sent, namespace="ml")
+    created = await kube.api.create(kubeapi.PODS, sent, namespace="ml")
 
     meta = created["metadata"]
     assert (created["apiVersion"], created["kind"]) == ("v1", "Pod")
@@ -37,14 +37,14 @@ async def test_create_answers_the_stored_object_with_its_identity_and_a_new_vers
     assert meta["creationTimestamp"].endswith("Z")
     assert created.get("status", {}).get("phase") != "Running", "a create cannot set a pod's status"
     assert created["spec"]["containers"][0]["image"] == "ubuntu"
-    assert await kube.api.get(client.PODS, name="p", namespace="ml") == created
+    assert await kube.api.get(kubeapi.PODS, name="p", namespace="ml") == created
 
 
 async def test_a_second_create_of_a_name_raises_already_exists(kube: Backend) -> None:
-    await kube.api.create(client.PODS, pod("p"), namespace="ml")
+    await kube.api.create(kubeapi.PODS, pod("p"), namespace="ml")
 
     with pytest.raises(KubeAlreadyExists) as raised:
-        await kube.api.create(client.PODS, pod("p"), namespace="ml")
+        await kube.api.create(kubeapi.PODS, pod("p"), namespace="ml")
 
     assert (raised.value.status, raised.value.reason, raised.value.message) == (
         409,
@@ -55,7 +55,7 @@ async def test_a_second_create_of_a_name_raises_already_exists(kube: Backend) ->
 
 async def test_a_create_in_a_missing_namespace_raises_not_found(kube: Backend) -> None:
     with pytest.raises(KubeNotFound) as raised:
-        await kube.api.create(client.PODS, pod("p"), namespace="nowhere")
+        await kube.api.create(kubeapi.PODS, pod("p"), namespace="nowhere")
 
     assert (raised.value.status, raised.value.message) == (404, 'namespaces "nowhere" not found')
 
@@ -65,7 +65,7 @@ async def test_a_body_naming_another_namespace_than_the_request_is_a_bad_request
     body["metadata"]["namespace"] = "default"
 
     with pytest.raises(KubeInvalid) as raised:
-        await kube.api.create(client.PODS, body, namespace="ml")
+        await kube.api.create(kubeapi.PODS, body, namespace="ml")
 
     assert (raised.value.status, raised.value.reason) == (400, "BadRequest")
 
@@ -74,20 +74,20 @@ async def test_a_generated_name_is_the_prefix_and_five_characters(kube: Backend)
     body = pod("")
     body["metadata"] = {"generateName": "worker-"}
 
-    created = await kube.api.create(client.PODS, body, namespace="ml")
+    created = await kube.api.create(kubeapi.PODS, body, namespace="ml")
 
     name = created["metadata"]["name"]
     assert name.startswith("worker-") and len(name) == len("worker-") + 5
-    assert await kube.api.get(client.PODS, name=name, namespace="ml") is not None
+    assert await kube.api.get(kubeapi.PODS, name=name, namespace="ml") is not None
 
 
 async def test_cluster_scoped_objects_have_no_namespace_and_a_missing_object_reads_as_none(kube: Backend) -> None:
-    created = await kube.api.create(client.QUEUES, queue("research"))
+    created = await kube.api.create(kubeapi.QUEUES, queue("research"))
 
     assert "namespace" not in created["metadata"]
-    assert await kube.api.get(client.QUEUES, name="research") == created
-    assert await kube.api.get(client.QUEUES, name="nobody") is None
-    assert await kube.api.get(client.PODS, name="nobody", namespace="ml") is None
+    assert await kube.api.get(kubeapi.QUEUES, name="research") == created
+    assert await kube.api.get(kubeapi.QUEUES, name="nobody") is None
+    assert await kube.api.get(kubeapi.PODS, name="nobody", namespace="ml") is None
 
 
 # --- list ---
@@ -95,10 +95,10 @@ async def test_cluster_scoped_objects_have_no_namespace_and_a_missing_object_rea
 
 async def test_a_list_answers_every_object_in_key_order_with_the_version_to_watch_from(kube: Backend) -> None:
     for namespace, name in [("ml", "b"), ("default", "z"), ("ml", "a")]:
-        last = await kube.api.create(client.PODS, pod(name), namespace=namespace)
+        last = await kube.api.create(kubeapi.PODS, pod(name), namespace=namespace)
 
-    everywhere = await kube.api.list(client.PODS)
-    in_ml = await kube.api.list(client.PODS, namespace="ml")
+    everywhere = await kube.api.list(kubeapi.PODS)
+    in_ml = await kube.api.list(kubeapi.PODS, namespace="ml")
 
     assert [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in everywhere.items] == [
         ("default", "z"),
@@ -111,14 +111,14 @@ async def test_a_list_answers_every_object_in_key_order_with_the_version_to_watc
 
 
 async def test_label_and_field_selectors_pick_what_the_scheduler_asks_for(kube: Backend) -> None:
-    await kube.api.create(client.PODS, pod("ours", labels={"app": "a"}), namespace="ml")
-    await kube.api.create(client.PODS, pod("kai", labels={"app": "b"}, scheduler="kai-scheduler"), namespace="ml")
-    await kube.api.create(client.PODS, pod("theirs", scheduler="default-scheduler"), namespace="ml")
-    bound = await kube.api.create(client.PODS, pod("ours-bound", labels={"app": "a"}), namespace="ml")
+    await kube.api.create(kubeapi.PODS, pod("ours", labels={"app": "a"}), namespace="ml")
+    await kube.api.create(kubeapi.PODS, pod("kai", labels={"app": "b"}, scheduler="kai-scheduler"), namespace="ml")
+    await kube.api.create(kubeapi.PODS, pod("theirs", scheduler="default-scheduler"), namespace="ml")
+    bound = await kube.api.create(kubeapi.PODS, pod("ours-bound", labels={"app": "a"}), namespace="ml")
     await kube.api.bind_pod(namespace="ml", name="ours-bound", node=NODE, uid=bound["metadata"]["uid"])
 
     async def names(*, labels: str | None = None, fields: str | None = None) -> list[str]:
-        listed = await kube.api.list(client.PODS, namespace="ml", label_selector=labels, field_selector=fields)
+        listed = await kube.api.list(kubeapi.PODS, namespace="ml", label_selector=labels, field_selector=fields)
         return [p["metadata"]["name"] for p in listed.items]
 
     assert await names(fields="spec.schedulerName=quotient,spec.nodeName=") == ["ours"]
@@ -134,9 +134,9 @@ async def test_label_and_field_selectors_pick_what_the_scheduler_asks_for(kube: 
 
 async def test_a_malformed_selector_or_an_unsupported_field_is_a_bad_request(kube: Backend) -> None:
     with pytest.raises(KubeInvalid) as label:
-        await kube.api.list(client.PODS, label_selector="app in a")
+        await kube.api.list(kubeapi.PODS, label_selector="app in a")
     with pytest.raises(KubeInvalid) as field:
-        await kube.api.list(client.PODS, field_selector="spec.priority=1")
+        await kube.api.list(kubeapi.PODS, field_selector="spec.priority=1")
 
     assert (label.value.status, field.value.status) == (400, 400)
     assert field.value.message == "field label not supported: spec.priority"
@@ -146,11 +146,11 @@ async def test_a_malformed_selector_or_an_unsupported_field_is_a_bad_request(kub
 
 
 async def test_the_known_kinds_resolve_to_the_table_and_others_through_discovery(kube: Backend) -> None:
-    widgets = client.Resource(group="example.com", version="v1", plural="widgets", kind="Widget", namespaced=True)
+    widgets = kubeapi.Resource(group="example.com", version="v1", plural="widgets", kind="Widget", namespaced=True)
     await kube.define(widgets)
 
-    assert await kube.api.resolve(api_version="apps/v1", kind="Deployment") is client.DEPLOYMENTS
-    assert await kube.api.resolve(api_version="scheduling.run.ai/v2", kind="Queue") is client.QUEUES
+    assert await kube.api.resolve(api_version="apps/v1", kind="Deployment") is kubeapi.DEPLOYMENTS
+    assert await kube.api.resolve(api_version="scheduling.run.ai/v2", kind="Queue") is kubeapi.QUEUES
     assert await kube.api.resolve(api_version="example.com/v1", kind="Widget") == widgets
     assert await kube.api.resolve(api_version="nowhere.io/v1", kind="Thing") is None
 
@@ -159,11 +159,11 @@ async def test_the_known_kinds_resolve_to_the_table_and_others_through_discovery
 
 
 async def test_a_replace_with_the_current_version_writes_and_bumps_version_and_generation(kube: Backend) -> None:
-    created = await kube.api.create(client.PODS, pod("p"), namespace="ml")
+    created = await kube.api.create(kubeapi.PODS, pod("p"), namespace="ml")
     changed = {**created, "spec": {**created["spec"], "activeDeadlineSeconds": 60}}
     changed["status"] = {"phase": "Failed"}
 
-    replaced = await kube.api.replace(client.PODS, changed, name="p", namespace="ml")
+    replaced = await kube.api.replace(kubeapi.PODS, changed, name="p", namespace="ml")
 
     assert replaced["spec"]["activeDeadlineSeconds"] == 60
     assert version(replaced) > version(created)
@@ -176,35 +176,37 @@ async def test_a_replace_with_the_current_version_writes_and_bumps_version_and_g
 
 
 async def test_a_replace_that_changes_nothing_keeps_the_version(kube: Backend) -> None:
-    created = await kube.api.create(client.CONFIG_MAPS, {"metadata": {"name": "c"}, "data": {"a": "1"}}, namespace="ml")
+    created = await kube.api.create(
+        kubeapi.CONFIG_MAPS, {"metadata": {"name": "c"}, "data": {"a": "1"}}, namespace="ml"
+    )
 
-    again = await kube.api.replace(client.CONFIG_MAPS, created, name="c", namespace="ml")
+    again = await kube.api.replace(kubeapi.CONFIG_MAPS, created, name="c", namespace="ml")
 
     assert again == created
 
 
 async def test_a_replace_from_a_stale_version_raises_conflict(kube: Backend) -> None:
-    created = await kube.api.create(client.PODS, pod("p"), namespace="ml")
-    await kube.api.patch(client.PODS, {"metadata": {"labels": {"x": "1"}}}, name="p", namespace="ml")
+    created = await kube.api.create(kubeapi.PODS, pod("p"), namespace="ml")
+    await kube.api.patch(kubeapi.PODS, {"metadata": {"labels": {"x": "1"}}}, name="p", namespace="ml")
 
     with pytest.raises(KubeConflict) as raised:
-        await kube.api.replace(client.PODS, created, name="p", namespace="ml")
+        await kube.api.replace(kubeapi.PODS, created, name="p", namespace="ml")
 
     assert (raised.value.status, raised.value.reason, raised.value.message) == (409, "Conflict", STALE)
 
 
 async def test_a_replace_of_a_missing_object_raises_not_found(kube: Backend) -> None:
     with pytest.raises(KubeNotFound) as raised:
-        await kube.api.replace(client.PODS, pod("p"), name="p", namespace="ml")
+        await kube.api.replace(kubeapi.PODS, pod("p"), name="p", namespace="ml")
 
     assert raised.value.message == 'pods "p" not found'
 
 
 async def test_a_custom_resource_is_replaced_only_with_a_version(kube: Backend) -> None:
-    await kube.api.create(client.QUEUES, queue("research"))
+    await kube.api.create(kubeapi.QUEUES, queue("research"))
 
     with pytest.raises(KubeInvalid) as raised:
-        await kube.api.replace(client.QUEUES, queue("research"), name="research")
+        await kube.api.replace(kubeapi.QUEUES, queue("research"), name="research")
 
     assert (raised.value.status, raised.value.reason) == (422, "Invalid")
 
@@ -213,10 +215,10 @@ async def test_a_custom_resource_is_replaced_only_with_a_version(kube: Backend) 
 
 
 async def test_a_merge_patch_merges_maps_deletes_nulls_and_bumps_the_version(kube: Backend) -> None:
-    created = await kube.api.create(client.PODS, pod("p", labels={"keep": "1", "drop": "1"}), namespace="ml")
+    created = await kube.api.create(kubeapi.PODS, pod("p", labels={"keep": "1", "drop": "1"}), namespace="ml")
 
     patched = await kube.api.patch(
-        client.PODS,
+        kubeapi.PODS,
         {"metadata": {"labels": {"drop": None, "add": "1"}, "annotations": {"quotient.dev/gpu-devices": "0"}}},
         name="p",
         namespace="ml",
@@ -225,33 +227,33 @@ async def test_a_merge_patch_merges_maps_deletes_nulls_and_bumps_the_version(kub
     assert patched["metadata"]["labels"] == {"keep": "1", "add": "1"}
     assert patched["metadata"]["annotations"] == {"quotient.dev/gpu-devices": "0"}
     assert version(patched) > version(created)
-    assert await kube.api.get(client.PODS, name="p", namespace="ml") == patched
+    assert await kube.api.get(kubeapi.PODS, name="p", namespace="ml") == patched
 
 
 async def test_a_patch_that_changes_nothing_keeps_the_version(kube: Backend) -> None:
-    created = await kube.api.create(client.PODS, pod("p", labels={"a": "1"}), namespace="ml")
+    created = await kube.api.create(kubeapi.PODS, pod("p", labels={"a": "1"}), namespace="ml")
 
-    again = await kube.api.patch(client.PODS, {"metadata": {"labels": {"a": "1"}}}, name="p", namespace="ml")
+    again = await kube.api.patch(kubeapi.PODS, {"metadata": {"labels": {"a": "1"}}}, name="p", namespace="ml")
 
     assert version(again) == version(created)
 
 
 async def test_strategic_patches_merge_conditions_by_type_and_merge_patches_replace_the_list(kube: Backend) -> None:
-    created = await kube.api.create(client.PODS, pod("p"), namespace="ml")
+    created = await kube.api.create(kubeapi.PODS, pod("p"), namespace="ml")
     await kube.api.bind_pod(namespace="ml", name="p", node=NODE, uid=created["metadata"]["uid"])
     target = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler", "message": "m"}
     ready = {"type": "Ready", "status": "False"}
 
     strategic = await kube.api.patch(
-        client.PODS,
+        kubeapi.PODS,
         {"status": {"conditions": [target]}},
         name="p",
         namespace="ml",
         subresource="status",
-        patch_type=client.PatchType.STRATEGIC,
+        patch_type=kubeapi.PatchType.STRATEGIC,
     )
     merged = await kube.api.patch(
-        client.PODS, {"status": {"conditions": [ready]}}, name="p", namespace="ml", subresource="status"
+        kubeapi.PODS, {"status": {"conditions": [ready]}}, name="p", namespace="ml", subresource="status"
     )
 
     assert [c["type"] for c in strategic["status"]["conditions"]] == ["PodScheduled", "DisruptionTarget"]
@@ -259,17 +261,17 @@ async def test_strategic_patches_merge_conditions_by_type_and_merge_patches_repl
 
 
 async def test_a_status_patch_writes_only_the_status_and_a_main_patch_only_the_rest(kube: Backend) -> None:
-    await kube.api.create(client.PODS, pod("p"), namespace="ml")
+    await kube.api.create(kubeapi.PODS, pod("p"), namespace="ml")
 
     on_status = await kube.api.patch(
-        client.PODS,
+        kubeapi.PODS,
         {"metadata": {"labels": {"a": "1"}}, "status": {"nominatedNodeName": NODE}},
         name="p",
         namespace="ml",
         subresource="status",
     )
     on_main = await kube.api.patch(
-        client.PODS,
+        kubeapi.PODS,
         {"metadata": {"labels": {"b": "1"}}, "status": {"nominatedNodeName": "elsewhere"}},
         name="p",
         namespace="ml",
@@ -288,8 +290,8 @@ async def test_custom_resources_take_merge_patches_on_their_status_and_refuse_st
         "metadata": {"name": "pg-train-0-1234"},
         "spec": {"minMember": 4, "queue": "research"},
     }
-    await kube.api.create(client.POD_GROUPS, group, namespace="ml")
-    await kube.api.create(client.QUEUES, queue("research"))
+    await kube.api.create(kubeapi.POD_GROUPS, group, namespace="ml")
+    await kube.api.create(kubeapi.QUEUES, queue("research"))
     conditions = [
         {
             "type": "UnschedulableOnNodePool",
@@ -301,21 +303,21 @@ async def test_custom_resources_take_merge_patches_on_their_status_and_refuse_st
     ]
 
     patched = await kube.api.patch(
-        client.POD_GROUPS,
+        kubeapi.POD_GROUPS,
         {"spec": {"minMember": 1}, "status": {"schedulingConditions": conditions}},
         name="pg-train-0-1234",
         namespace="ml",
         subresource="status",
     )
     queued = await kube.api.patch(
-        client.QUEUES,
+        kubeapi.QUEUES,
         {"status": {"allocated": {"nvidia.com/gpu": "0"}, "childQueues": []}},
         name="research",
         subresource="status",
     )
     with pytest.raises(KubeError) as raised:
         await kube.api.patch(
-            client.QUEUES, {"spec": {"priority": 1}}, name="research", patch_type=client.PatchType.STRATEGIC
+            kubeapi.QUEUES, {"spec": {"priority": 1}}, name="research", patch_type=kubeapi.PatchType.STRATEGIC
         )
 
     assert patched["status"] == {"schedulingConditions": conditions}
@@ -325,10 +327,10 @@ async def test_custom_resources_take_merge_patches_on_their_status_and_refuse_st
 
 
 async def test_a_json_patch_applies_its_operations_and_a_failed_test_is_invalid(kube: Backend) -> None:
-    await kube.api.create(client.CONFIG_MAPS, {"metadata": {"name": "c"}, "data": {"a": "1"}}, namespace="ml")
+    await kube.api.create(kubeapi.CONFIG_MAPS, {"metadata": {"name": "c"}, "data": {"a": "1"}}, namespace="ml")
 
     patched = await kube.api.patch(
-        client.CONFIG_MAPS,
+        kubeapi.CONFIG_MAPS,
         [
             {"op": "test", "path": "/data/a", "value": "1"},
             {"op": "replace", "path": "/data/a", "value": "2"},
@@ -336,15 +338,15 @@ async def test_a_json_patch_applies_its_operations_and_a_failed_test_is_invalid(
         ],
         name="c",
         namespace="ml",
-        patch_type=client.PatchType.JSON,
+        patch_type=kubeapi.PatchType.JSON,
     )
     with pytest.raises(KubeInvalid) as raised:
         await kube.api.patch(
-            client.CONFIG_MAPS,
+            kubeapi.CONFIG_MAPS,
             [{"op": "test", "path": "/data/a", "value": "1"}],
             name="c",
             namespace="ml",
-            patch_type=client.PatchType.JSON,
+            patch_type=kubeapi.PatchType.JSON,
         )
 
     assert patched["data"] == {"a": "2", "b": "3"}
@@ -352,16 +354,16 @@ async def test_a_json_patch_applies_its_operations_and_a_failed_test_is_invalid(
 
 
 async def test_a_patch_of_a_missing_object_a_missing_subresource_or_a_stale_version_raises(kube: Backend) -> None:
-    created = await kube.api.create(client.CONFIG_MAPS, {"metadata": {"name": "c"}}, namespace="ml")
-    await kube.api.patch(client.CONFIG_MAPS, {"data": {"a": "1"}}, name="c", namespace="ml")
+    created = await kube.api.create(kubeapi.CONFIG_MAPS, {"metadata": {"name": "c"}}, namespace="ml")
+    await kube.api.patch(kubeapi.CONFIG_MAPS, {"data": {"a": "1"}}, name="c", namespace="ml")
 
     with pytest.raises(KubeNotFound) as missing:
-        await kube.api.patch(client.PODS, {"metadata": {"labels": {"a": "b"}}}, name="nobody", namespace="ml")
+        await kube.api.patch(kubeapi.PODS, {"metadata": {"labels": {"a": "b"}}}, name="nobody", namespace="ml")
     with pytest.raises(KubeNotFound):
-        await kube.api.patch(client.CONFIG_MAPS, {"status": {}}, name="c", namespace="ml", subresource="status")
+        await kube.api.patch(kubeapi.CONFIG_MAPS, {"status": {}}, name="c", namespace="ml", subresource="status")
     with pytest.raises(KubeConflict):
         stale = {"metadata": {"resourceVersion": created["metadata"]["resourceVersion"]}, "data": {"b": "2"}}
-        await kube.api.patch(client.CONFIG_MAPS, stale, name="c", namespace="ml")
+        await kube.api.patch(kubeapi.CONFIG_MAPS, stale, name="c", namespace="ml")
 
     assert missing.value.message == 'pods "nobody" not found'
 
@@ -370,26 +372,26 @@ async def test_a_patch_of_a_missing_object_a_missing_subresource_or_a_stale_vers
 
 
 async def test_a_delete_answers_the_last_state_at_a_new_version_then_none(kube: Backend) -> None:
-    created = await kube.api.create(client.PODS, pod("p"), namespace="ml")
+    created = await kube.api.create(kubeapi.PODS, pod("p"), namespace="ml")
 
-    deleted = await kube.api.delete(client.PODS, name="p", namespace="ml", uid=created["metadata"]["uid"])
-    again = await kube.api.delete(client.PODS, name="p", namespace="ml")
+    deleted = await kube.api.delete(kubeapi.PODS, name="p", namespace="ml", uid=created["metadata"]["uid"])
+    again = await kube.api.delete(kubeapi.PODS, name="p", namespace="ml")
 
     assert deleted is not None
     assert (deleted["metadata"]["name"], deleted["metadata"]["uid"]) == ("p", created["metadata"]["uid"])
     assert version(deleted) > version(created)
-    assert await kube.api.get(client.PODS, name="p", namespace="ml") is None
+    assert await kube.api.get(kubeapi.PODS, name="p", namespace="ml") is None
     assert again is None
 
 
 async def test_a_delete_on_another_uid_raises_conflict_and_deletes_nothing(kube: Backend) -> None:
-    created = await kube.api.create(client.QUEUES, queue("research"))
+    created = await kube.api.create(kubeapi.QUEUES, queue("research"))
 
     with pytest.raises(KubeConflict) as raised:
-        await kube.api.delete(client.QUEUES, name="research", uid="an-older-queue")
+        await kube.api.delete(kubeapi.QUEUES, name="research", uid="an-older-queue")
 
     assert raised.value.message == (
         'Operation cannot be fulfilled on queues.scheduling.run.ai "research": Precondition failed: '
         f"UID in precondition: an-older-queue, UID in object meta: {created['metadata']['uid']}"
     )
-    assert await kube.api.get(client.QUEUES, name="research") == created
+    assert await kube.api.get(kubeapi.QUEUES, name="research") == created

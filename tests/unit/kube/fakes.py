@@ -46,14 +46,14 @@ from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any
 
 from quotient.emulator import kinds, objects, patches, selectors, status
-from scheduler.kube import client, errors
+from scheduler.kube import errors, kubeapi
 from scheduler.kube.errors import KubeConflict, KubeError, KubeNotFound, KubeUnavailable
 
 Obj = dict[str, Any]
 Key = tuple[str, str, str]
 """Where ``MemoryKube.objects`` keeps an object: ``(plural, namespace or "", name)``."""
 
-WatchScript = Sequence[client.WatchEvent | Exception]
+WatchScript = Sequence[kubeapi.WatchEvent | Exception]
 """What one watch call yields: events in order; an exception raises there, and the stream ends after the last."""
 
 _REGISTRY = kinds.default_registry()
@@ -78,7 +78,7 @@ def _raise(failure: status.Failure) -> KubeError:
     return errors.from_status(failure.code, failure.reason, failure.message)
 
 
-def _kind(resource: client.Resource) -> kinds.Kind:
+def _kind(resource: kubeapi.Resource) -> kinds.Kind:
     """The emulator's record of a resource; one it does not know is served as a custom resource with a status."""
     known = _REGISTRY.lookup(resource.group, resource.version, resource.plural)
     if known is not None:
@@ -97,7 +97,7 @@ def _kind(resource: client.Resource) -> kinds.Kind:
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Change:
     rv: int
-    type: client.WatchType
+    type: kubeapi.WatchType
     plural: str
     obj: Obj
     old: Obj | None
@@ -128,22 +128,22 @@ class _Selection:
             return False
         return self.labels.matches_object(dict(found)) and self.fields.matches(dict(found))
 
-    def event(self, change: _Change) -> client.WatchEvent | None:
+    def event(self, change: _Change) -> kubeapi.WatchEvent | None:
         """What a watcher of this selection sees of ``change``, if anything."""
         if change.plural != self.kind.plural:
             return None
-        if change.type is client.WatchType.DELETED:
+        if change.type is kubeapi.WatchType.DELETED:
             wanted = self.wants(change.obj)
-            return client.WatchEvent(type=change.type, object=copy.deepcopy(change.obj)) if wanted else None
+            return kubeapi.WatchEvent(type=change.type, object=copy.deepcopy(change.obj)) if wanted else None
         before = change.old is not None and self.wants(change.old)
         if self.wants(change.obj):
-            kind = client.WatchType.MODIFIED if before else client.WatchType.ADDED
-            return client.WatchEvent(type=kind, object=copy.deepcopy(change.obj))
+            kind = kubeapi.WatchType.MODIFIED if before else kubeapi.WatchType.ADDED
+            return kubeapi.WatchEvent(type=kind, object=copy.deepcopy(change.obj))
         if before and change.old is not None:
             # Left the selection: the last state it matched, at the new version.
             last = copy.deepcopy(change.old)
             last.setdefault("metadata", {})["resourceVersion"] = str(change.rv)
-            return client.WatchEvent(type=client.WatchType.DELETED, object=last)
+            return kubeapi.WatchEvent(type=kubeapi.WatchType.DELETED, object=last)
         return None
 
 
@@ -154,7 +154,7 @@ class MemoryKube:
         self, *, require_namespaces: bool = False, wall: Callable[[], datetime.datetime] | None = None
     ) -> None:
         self.objects: dict[Key, Obj] = {}
-        self.lists: deque[client.ObjectList | Exception] = deque()
+        self.lists: deque[kubeapi.ObjectList | Exception] = deque()
         """Scripted list answers, used before the store is listed."""
         self.watches: deque[WatchScript] = deque()
         """Scripted watch answers, used before the store is watched."""
@@ -171,7 +171,7 @@ class MemoryKube:
         self._history: deque[_Change] = deque()
         self._floor = 0
         self._watchers: set[asyncio.Queue[_Change | _Drop | _Bookmark]] = set()
-        self._discoverable: dict[tuple[str, str], client.Resource] = dict(client.KNOWN_RESOURCES)
+        self._discoverable: dict[tuple[str, str], kubeapi.Resource] = dict(kubeapi.KNOWN_RESOURCES)
 
     @property
     def version(self) -> str:
@@ -180,7 +180,7 @@ class MemoryKube:
 
     # --- test hooks ---
 
-    def of(self, resource: client.Resource) -> builtins.list[Obj]:
+    def of(self, resource: kubeapi.Resource) -> builtins.list[Obj]:
         return [found for (plural, _, _), found in self.objects.items() if plural == resource.plural]
 
     @property
@@ -204,7 +204,7 @@ class MemoryKube:
         for watcher in self._watchers:
             watcher.put_nowait(_Bookmark(self._rv))
 
-    def define(self, resource: client.Resource) -> None:
+    def define(self, resource: kubeapi.Resource) -> None:
         """Serve ``resource`` through discovery (``resolve``), as a CustomResourceDefinition would."""
         self._discoverable[(resource.api_version, resource.kind)] = resource
 
@@ -216,13 +216,13 @@ class MemoryKube:
             raise queued.popleft()
 
     @staticmethod
-    def _key(resource: client.Resource, name: str, namespace: str | None) -> Key:
+    def _key(resource: kubeapi.Resource, name: str, namespace: str | None) -> Key:
         return (resource.plural, namespace or "", name)
 
     def _now(self) -> str:
-        return client.rfc3339(self._wall())
+        return kubeapi.rfc3339(self._wall())
 
-    def _record(self, kind: client.WatchType, plural: str, new: Obj, old: Obj | None) -> None:
+    def _record(self, kind: kubeapi.WatchType, plural: str, new: Obj, old: Obj | None) -> None:
         change = _Change(self._rv, kind, plural, copy.deepcopy(new), copy.deepcopy(old))
         self._history.append(change)
         for watcher in self._watchers:
@@ -233,7 +233,7 @@ class MemoryKube:
         self._rv += 1
         new.setdefault("metadata", {})["resourceVersion"] = self.version
         self.objects[key] = new
-        self._record(client.WatchType.MODIFIED if old is not None else client.WatchType.ADDED, key[0], new, old)
+        self._record(kubeapi.WatchType.MODIFIED if old is not None else kubeapi.WatchType.ADDED, key[0], new, old)
         return copy.deepcopy(new)
 
     def _remove(self, key: Key) -> Obj:
@@ -241,11 +241,11 @@ class MemoryKube:
         self._rv += 1
         last = copy.deepcopy(old)
         last.setdefault("metadata", {})["resourceVersion"] = self.version
-        self._record(client.WatchType.DELETED, key[0], last, old)
+        self._record(kubeapi.WatchType.DELETED, key[0], last, old)
         return copy.deepcopy(last)
 
     @staticmethod
-    def _served(resource: client.Resource, found: Obj) -> Obj:
+    def _served(resource: kubeapi.Resource, found: Obj) -> Obj:
         answer = copy.deepcopy(found)
         answer.setdefault("apiVersion", resource.api_version)
         answer.setdefault("kind", resource.kind)
@@ -253,7 +253,7 @@ class MemoryKube:
 
     @staticmethod
     def _selection(
-        resource: client.Resource, namespace: str | None, label_selector: str | None, field_selector: str | None
+        resource: kubeapi.Resource, namespace: str | None, label_selector: str | None, field_selector: str | None
     ) -> _Selection:
         resource.path(namespace=namespace)  # the client's argument checks
         kind = _kind(resource)
@@ -328,12 +328,12 @@ class MemoryKube:
 
     async def list(
         self,
-        resource: client.Resource,
+        resource: kubeapi.Resource,
         *,
         namespace: str | None = None,
         label_selector: str | None = None,
         field_selector: str | None = None,
-    ) -> client.ObjectList:
+    ) -> kubeapi.ObjectList:
         self.calls.append(("list", resource.plural))
         self._check("list")
         if self.lists:
@@ -347,11 +347,11 @@ class MemoryKube:
             for key, found in sorted(self.objects.items())
             if key[0] == resource.plural and selection.wants(found)
         ]
-        return client.ObjectList(items=items, resource_version=self.version)
+        return kubeapi.ObjectList(items=items, resource_version=self.version)
 
     async def watch(
         self,
-        resource: client.Resource,
+        resource: kubeapi.Resource,
         *,
         resource_version: str,
         namespace: str | None = None,
@@ -359,7 +359,7 @@ class MemoryKube:
         field_selector: str | None = None,
         timeout_s: int = 300,
         read_timeout_s: float | None = None,
-    ) -> AsyncGenerator[client.WatchEvent, None]:
+    ) -> AsyncGenerator[kubeapi.WatchEvent, None]:
         self.watch_calls.append(resource_version)
         self.calls.append(("watch", resource.plural))
         self._check("watch")
@@ -400,7 +400,7 @@ class MemoryKube:
                         "apiVersion": resource.api_version,
                         "metadata": {"resourceVersion": str(signal.rv)},
                     }
-                    yield client.WatchEvent(type=client.WatchType.BOOKMARK, object=bookmark)
+                    yield kubeapi.WatchEvent(type=kubeapi.WatchType.BOOKMARK, object=bookmark)
                     continue
                 seen = selection.event(signal)
                 if seen is not None:
@@ -409,12 +409,12 @@ class MemoryKube:
             self._watchers.discard(signals)
 
     def _backlog(
-        self, resource: client.Resource, selection: _Selection, resource_version: str
-    ) -> builtins.list[client.WatchEvent]:
+        self, resource: kubeapi.Resource, selection: _Selection, resource_version: str
+    ) -> builtins.list[kubeapi.WatchEvent]:
         """What a watch from ``resource_version`` sees first: every object (from "" or "0"), or the changes since."""
         if resource_version in ("", "0"):
             return [
-                client.WatchEvent(type=client.WatchType.ADDED, object=self._served(resource, found))
+                kubeapi.WatchEvent(type=kubeapi.WatchType.ADDED, object=self._served(resource, found))
                 for key, found in sorted(self.objects.items())
                 if key[0] == resource.plural and selection.wants(found)
             ]
@@ -426,17 +426,17 @@ class MemoryKube:
         found = (selection.event(change) for change in self._history if change.rv > since)
         return [event for event in found if event is not None]
 
-    async def get(self, resource: client.Resource, *, name: str, namespace: str | None = None) -> Obj | None:
+    async def get(self, resource: kubeapi.Resource, *, name: str, namespace: str | None = None) -> Obj | None:
         self.calls.append(("get", name))
         self._check("get")
         resource.path(namespace=namespace, name=name)
         found = self.objects.get(self._key(resource, name, namespace))
         return self._served(resource, found) if found is not None else None
 
-    async def resolve(self, *, api_version: str, kind: str) -> client.Resource | None:
+    async def resolve(self, *, api_version: str, kind: str) -> kubeapi.Resource | None:
         return self._discoverable.get((api_version, kind))
 
-    async def create(self, resource: client.Resource, body: Mapping[str, Any], *, namespace: str | None = None) -> Obj:
+    async def create(self, resource: kubeapi.Resource, body: Mapping[str, Any], *, namespace: str | None = None) -> Obj:
         self.calls.append(("create", str(body.get("metadata", {}).get("name"))))
         self._check("create")
         resource.path(namespace=namespace)
@@ -462,7 +462,7 @@ class MemoryKube:
         return self._store(key, new)
 
     async def replace(
-        self, resource: client.Resource, body: Mapping[str, Any], *, name: str, namespace: str | None = None
+        self, resource: kubeapi.Resource, body: Mapping[str, Any], *, name: str, namespace: str | None = None
     ) -> Obj:
         self.calls.append(("replace", name))
         self._check("replace")
@@ -487,18 +487,18 @@ class MemoryKube:
 
     async def patch(
         self,
-        resource: client.Resource,
+        resource: kubeapi.Resource,
         patch: Mapping[str, Any] | Sequence[Mapping[str, Any]],
         *,
         name: str,
         namespace: str | None = None,
         subresource: str | None = None,
-        patch_type: client.PatchType = client.PatchType.MERGE,
+        patch_type: kubeapi.PatchType = kubeapi.PatchType.MERGE,
     ) -> Obj:
         self.calls.append(("patch", name))
         self._check("patch")
         body: object
-        if patch_type is client.PatchType.JSON:
+        if patch_type is kubeapi.PatchType.JSON:
             if isinstance(patch, Mapping):
                 raise ValueError("a JSON patch is a list of operations, not a mapping")
             body = [dict(operation) for operation in patch]
@@ -522,7 +522,7 @@ class MemoryKube:
 
     async def delete(
         self,
-        resource: client.Resource,
+        resource: kubeapi.Resource,
         *,
         name: str,
         namespace: str | None = None,
@@ -550,7 +550,7 @@ class MemoryKube:
                 marked = copy.deepcopy(current)
                 deadline = self._wall() + datetime.timedelta(seconds=grace_s)
                 marked["metadata"].update(
-                    deletionTimestamp=client.rfc3339(deadline), deletionGracePeriodSeconds=grace_s
+                    deletionTimestamp=kubeapi.rfc3339(deadline), deletionGracePeriodSeconds=grace_s
                 )
                 answer = self._store(key, marked)
                 self._remove(key)
@@ -565,7 +565,7 @@ class MemoryKube:
         node: str,
         uid: str | None = None,
         annotations: Mapping[str, str] | None = None,
-    ) -> client.BindResult:
+    ) -> kubeapi.BindResult:
         self.calls.append(("bind", name))
         self._check("bind")
         if not node:
@@ -573,8 +573,8 @@ class MemoryKube:
         key = ("pods", namespace, name)
         pod = self.objects.get(key)
         if pod is None:
-            return client.BindResult(
-                outcome=client.BindOutcome.POD_GONE, message=status.not_found("pods", name).message
+            return kubeapi.BindResult(
+                outcome=kubeapi.BindOutcome.POD_GONE, message=status.not_found("pods", name).message
             )
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
         assigned = spec.get("nodeName")
@@ -591,7 +591,7 @@ class MemoryKube:
         if refusal is not None:
             message = status.conflict("pods/binding", name, refusal).message
             node_named = str(assigned) if assigned and not meta.get("deletionTimestamp") else None
-            return client.BindResult(outcome=client.BindOutcome.ALREADY_ASSIGNED, message=message, node=node_named)
+            return kubeapi.BindResult(outcome=kubeapi.BindOutcome.ALREADY_ASSIGNED, message=message, node=node_named)
         bound = copy.deepcopy(pod)
         bound.setdefault("spec", {})["nodeName"] = node
         if annotations:
@@ -600,11 +600,11 @@ class MemoryKube:
         scheduled = {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": self._now()}
         objects.set_condition(bound.setdefault("status", {}), scheduled)
         self._store(key, bound)
-        return client.BindResult(outcome=client.BindOutcome.BOUND)
+        return kubeapi.BindResult(outcome=kubeapi.BindOutcome.BOUND)
 
     async def evict_pod(
         self, *, namespace: str, name: str, uid: str, reason: str, message: str, grace_period_s: int | None = None
-    ) -> client.EvictResult:
+    ) -> kubeapi.EvictResult:
         """As ``KubeClient`` evicts: a strategic patch of the DisruptionTarget condition, then a delete on the uid."""
         self.calls.append(("evict", name))
         self._check("evict")
@@ -618,26 +618,26 @@ class MemoryKube:
         written = False
         try:
             await self.patch(
-                client.PODS,
+                kubeapi.PODS,
                 {"status": {"conditions": [condition]}},
                 name=name,
                 namespace=namespace,
                 subresource="status",
-                patch_type=client.PatchType.STRATEGIC,
+                patch_type=kubeapi.PatchType.STRATEGIC,
             )
             written = True
         except KubeNotFound:
-            return client.EvictResult(outcome=client.EvictOutcome.POD_GONE, condition_written=False)
+            return kubeapi.EvictResult(outcome=kubeapi.EvictOutcome.POD_GONE, condition_written=False)
         except KubeError:
             pass  # a courtesy to the pod's owner; the eviction is the delete
         try:
             deleted = await self.delete(
-                client.PODS, name=name, namespace=namespace, uid=uid, grace_period_s=grace_period_s
+                kubeapi.PODS, name=name, namespace=namespace, uid=uid, grace_period_s=grace_period_s
             )
         except KubeConflict:
             deleted = None
-        outcome = client.EvictOutcome.EVICTED if deleted is not None else client.EvictOutcome.POD_GONE
-        return client.EvictResult(outcome=outcome, condition_written=written)
+        outcome = kubeapi.EvictOutcome.EVICTED if deleted is not None else kubeapi.EvictOutcome.POD_GONE
+        return kubeapi.EvictResult(outcome=outcome, condition_written=written)
 
 
 def _spec_of(kind: kinds.Kind, found: Obj) -> Obj:

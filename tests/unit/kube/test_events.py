@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from scheduler.kube import client
+from scheduler.kube import kubeapi
 from scheduler.kube.errors import KubeForbidden, KubeUnavailable
 from scheduler.kube.events import EventRecorder, EventType, ObjectRef, TokenBucket
 from tests.unit.kube.fakes import MemoryKube, VirtualClock
@@ -88,7 +88,7 @@ async def test_an_event_is_written_as_a_core_v1_event_about_the_object(
     recorder.warning(POD, "Unschedulable", "queue test is over its GPU limit (2 of 2 GPUs in use)")
     await clock.advance(0)
 
-    [event] = api.of(client.EVENTS)
+    [event] = api.of(kubeapi.EVENTS)
     assert event["metadata"]["namespace"] == "ml"
     assert event["metadata"]["name"].startswith("train-0.")
     assert event["involvedObject"] == {
@@ -118,7 +118,7 @@ async def test_repeats_within_the_window_raise_the_count_of_one_event(
         recorder.warning(POD, "Unschedulable", "no node fits")
     await clock.advance(0)
 
-    [event] = api.of(client.EVENTS)
+    [event] = api.of(kubeapi.EVENTS)
     assert event["count"] == 5
     assert event["lastTimestamp"] == "2026-01-01T00:20:40Z"
     assert event["firstTimestamp"] == "2026-01-01T00:16:40Z"
@@ -137,7 +137,7 @@ async def test_a_different_message_or_a_repeat_after_the_window_is_a_new_event(
     recorder.warning(POD, "Unschedulable", "no node fits")
     await clock.advance(0)
 
-    assert sorted((e["message"], e["count"]) for e in api.of(client.EVENTS)) == [
+    assert sorted((e["message"], e["count"]) for e in api.of(kubeapi.EVENTS)) == [
         ("no node fits", 1),
         ("no node fits", 1),
         ("queue over limit", 1),
@@ -157,7 +157,7 @@ async def test_a_storm_of_repeats_costs_at_most_the_rate_in_api_writes_and_loses
 
     writes = sum(1 for call, _ in api.calls if call in ("create", "patch"))
     assert 2 < writes <= 2 + 12, "the burst, then one per second over about 12 s"
-    [event] = api.of(client.EVENTS)
+    [event] = api.of(kubeapi.EVENTS)
     assert event["count"] == 1000
 
 
@@ -170,7 +170,7 @@ async def test_events_about_cluster_scoped_objects_go_to_the_default_namespace(
     recorder.record(ObjectRef.of(QUEUE), type=EventType.WARNING, reason="QueueCycle", message="parent loop")
     await clock.advance(0)
 
-    [event] = api.of(client.EVENTS)
+    [event] = api.of(kubeapi.EVENTS)
     assert event["metadata"]["namespace"] == "default"
     assert "namespace" not in event["involvedObject"]
 
@@ -184,13 +184,13 @@ async def test_an_unavailable_api_is_retried_and_a_refusal_is_dropped_without_st
 
     recorder.warning(POD, "Evict", "preempted by a higher priority job")
     await clock.advance(0)
-    assert api.of(client.EVENTS) == []
+    assert api.of(kubeapi.EVENTS) == []
     await clock.advance(1)
     assert recorder.stats.dropped == 1
     recorder.warning(POD, "Evict", "another message")
     await clock.advance(0)
 
-    assert [e["message"] for e in api.of(client.EVENTS)] == ["another message"]
+    assert [e["message"] for e in api.of(kubeapi.EVENTS)] == ["another message"]
 
 
 async def test_an_event_that_expired_on_the_server_is_created_again(
@@ -205,7 +205,7 @@ async def test_an_event_that_expired_on_the_server_is_created_again(
     recorder.warning(POD, "StaleJob", "gang below minMember")
     await clock.advance(0)
 
-    [event] = api.of(client.EVENTS)
+    [event] = api.of(kubeapi.EVENTS)
     assert event["count"] == 2
 
 
@@ -218,7 +218,7 @@ async def test_long_messages_are_truncated_to_what_the_api_accepts(
     recorder.warning(POD, "Unschedulable", "é" * 2000)
     await clock.advance(0)
 
-    [event] = api.of(client.EVENTS)
+    [event] = api.of(kubeapi.EVENTS)
     assert len(event["message"].encode()) <= 1024
     assert event["message"].endswith("...")
 
@@ -243,4 +243,4 @@ async def test_flush_returns_once_everything_recorded_is_written(
         recorder.normal(POD, "Bound", f"bound to node-{i}")
     await asyncio.wait_for(recorder.flush(), 5)
 
-    assert len(api.of(client.EVENTS)) == 5
+    assert len(api.of(kubeapi.EVENTS)) == 5

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from common.errors import ConfigError
-from scheduler.kube import client, leases
+from scheduler.kube import kubeapi, leases
 from scheduler.kube.errors import KubeUnavailable
 from scheduler.kube.leases import ElectionConfig, LeaderElector
 from tests.unit.kube.fakes import MemoryKube, VirtualClock
@@ -196,7 +196,7 @@ class Candidate:
 
 
 def holder(api: MemoryKube) -> str:
-    found = api.of(client.LEASES)
+    found = api.of(kubeapi.LEASES)
     return str(found[0]["spec"]["holderIdentity"]) if found else "(no lease)"
 
 
@@ -233,10 +233,10 @@ async def test_the_first_candidate_creates_the_lease_and_leads_and_keeps_renewin
     await clock.advance(0)
     assert a.elector.is_leader
     assert a.started_s == [clock.now_s]
-    first_renew = api.of(client.LEASES)[0]["spec"]["renewTime"]
+    first_renew = api.of(kubeapi.LEASES)[0]["spec"]["renewTime"]
     await clock.advance(RETRY_S)
 
-    assert api.of(client.LEASES)[0]["spec"]["renewTime"] != first_renew
+    assert api.of(kubeapi.LEASES)[0]["spec"]["renewTime"] != first_renew
     assert holder(api) == "a"
 
 
@@ -263,7 +263,7 @@ async def test_a_standby_takes_over_within_the_lease_duration_when_the_leader_st
     assert b.started_s[0] - last_renew_s <= LEASE_S + 2 * RETRY_S, "b took over about one lease duration later"
     assert not intervals_overlap((a.started_s, a.stopped_s), (b.started_s, b.stopped_s))
     assert holder(api) == "b"
-    assert api.of(client.LEASES)[0]["spec"]["leaseTransitions"] == 1
+    assert api.of(kubeapi.LEASES)[0]["spec"]["leaseTransitions"] == 1
 
 
 async def test_a_leader_that_shuts_down_releases_the_lease_and_the_standby_takes_it_at_its_next_retry(
@@ -296,7 +296,7 @@ async def test_a_leader_that_sees_another_holder_stops_at_once(
     tasks.append(a.start())
     await clock.advance(0)
 
-    record = api.of(client.LEASES)[0]
+    record = api.of(kubeapi.LEASES)[0]
     record["spec"]["holderIdentity"] = "intruder"
     await clock.advance(RETRY_S)
 

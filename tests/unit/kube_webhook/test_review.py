@@ -16,8 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from common import names
 from quotient.emulator import patches, status
-from scheduler.kube import gpurequest, webhook
+from scheduler.kube import admission
+from scheduler.objects import gpurequest
 from tests.unit.kube_webhook.reviews import pod, review_body
 
 NAMES = ("quotient",)
@@ -25,8 +27,8 @@ DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 Obj = dict[str, Any]
 
 
-def respond(obj: object, *, names: tuple[str, ...] = NAMES, **kwargs: Any) -> Obj:
-    answer = webhook.review(review_body(obj, **kwargs), scheduler_names=names)
+def respond(obj: object, *, scheduler_names: tuple[str, ...] = NAMES, **kwargs: Any) -> Obj:
+    answer = admission.review(review_body(obj, **kwargs), scheduler_names=scheduler_names)
     assert answer.status == 200, answer.body
     document = json.loads(answer.body)
     assert (document["apiVersion"], document["kind"]) == ("admission.k8s.io/v1", "AdmissionReview")
@@ -110,7 +112,7 @@ def test_a_fractional_pod_gets_env_from_its_configmap_and_the_nvidia_runtime() -
     obj = pod({"gpu-fraction": "0.5"})
     response = respond(obj, uid="uid-1")
     result = patched(obj, response)
-    configmap = result["metadata"]["annotations"][webhook.CONFIGMAP_ANNOTATION]
+    configmap = result["metadata"]["annotations"][names.GPU_CONFIGMAP_ANNOTATION]
     env = env_of(result, "main")
 
     assert configmap == f"train-gpu-{hashlib.sha256(b'uid-1').hexdigest()[:10]}"
@@ -125,7 +127,7 @@ def test_a_fractional_pod_gets_env_from_its_configmap_and_the_nvidia_runtime() -
 def test_a_gpu_memory_pod_is_wired_like_a_fraction(memory: str) -> None:
     obj = pod({"gpu-memory": memory})
     result = patched(obj, respond(obj))
-    configmap = result["metadata"]["annotations"][webhook.CONFIGMAP_ANNOTATION]
+    configmap = result["metadata"]["annotations"][names.GPU_CONFIGMAP_ANNOTATION]
 
     assert configmap_ref(env_of(result, "main")["NVIDIA_VISIBLE_DEVICES"]) == (configmap, "NVIDIA_VISIBLE_DEVICES")
     assert result["spec"]["runtimeClassName"] == "nvidia"
@@ -194,7 +196,7 @@ def test_a_scheduler_name_added_by_configuration_is_served_too() -> None:
     obj = pod({"gpu-fraction": "0.5"}, scheduler="kai-scheduler")
 
     assert "patch" not in respond(obj)
-    assert "patch" in respond(obj, names=("quotient", "kai-scheduler"))
+    assert "patch" in respond(obj, scheduler_names=("quotient", "kai-scheduler"))
 
 
 # --- names of the ConfigMap ---
@@ -202,8 +204,8 @@ def test_a_scheduler_name_added_by_configuration_is_served_too() -> None:
 
 def test_a_pod_made_from_generate_name_gets_a_configmap_named_after_the_prefix_and_the_request() -> None:
     obj = pod({"gpu-fraction": "0.7"}, name=None, generate_name="vllm-test-07-5d8f6c9b7-")
-    first = patched(obj, respond(obj, uid="uid-a"))["metadata"]["annotations"][webhook.CONFIGMAP_ANNOTATION]
-    second = patched(obj, respond(obj, uid="uid-b"))["metadata"]["annotations"][webhook.CONFIGMAP_ANNOTATION]
+    first = patched(obj, respond(obj, uid="uid-a"))["metadata"]["annotations"][names.GPU_CONFIGMAP_ANNOTATION]
+    second = patched(obj, respond(obj, uid="uid-b"))["metadata"]["annotations"][names.GPU_CONFIGMAP_ANNOTATION]
 
     assert first.startswith("vllm-test-07-5d8f6c9b7-gpu-") and second.startswith("vllm-test-07-5d8f6c9b7-gpu-")
     assert first != second, "two pods of one ReplicaSet never share a ConfigMap"
@@ -211,7 +213,7 @@ def test_a_pod_made_from_generate_name_gets_a_configmap_named_after_the_prefix_a
 
 def test_a_pod_without_annotations_before_admission_still_gets_the_configmap_annotation() -> None:
     obj = pod({"gpu-fraction": "0.5"})
-    operations, _ = webhook.share_patch({**obj, "metadata": {"name": "p"}}, chosen="main", configmap="p-gpu-1")
+    operations, _ = admission.share_patch({**obj, "metadata": {"name": "p"}}, chosen="main", configmap="p-gpu-1")
 
     assert operations[0] == {
         "op": "add",
@@ -224,13 +226,13 @@ def test_a_pod_without_annotations_before_admission_still_gets_the_configmap_ann
 @settings(max_examples=300)
 def test_configmap_names_are_dns_subdomains_of_at_most_253_characters(text: str, uid: str) -> None:
     for metadata in ({"name": text}, {"generateName": text}):
-        name = webhook.configmap_name({"metadata": metadata}, request_uid=uid)
+        name = admission.configmap_name({"metadata": metadata}, request_uid=uid)
 
         assert len(name) <= 253 and DNS_SUBDOMAIN.match(name), name
 
 
 def test_a_long_pod_name_is_cut_so_the_configmap_name_fits() -> None:
-    name = webhook.configmap_name({"metadata": {"name": "a" * 250}}, request_uid="u")
+    name = admission.configmap_name({"metadata": {"name": "a" * 250}}, request_uid="u")
 
     assert len(name) == 253 and name.startswith("a" * 200) and DNS_SUBDOMAIN.match(name)
 
@@ -256,7 +258,7 @@ def test_updates_and_other_resources_pass_untouched() -> None:
     update = respond(pod({"gpu-fraction": "1.5"}), operation="UPDATE")
     body = json.loads(review_body(pod({"gpu-fraction": "1.5"})))
     body["request"]["resource"] = {"group": "", "version": "v1", "resource": "configmaps"}
-    other = json.loads(webhook.review(json.dumps(body).encode(), scheduler_names=NAMES).body)["response"]
+    other = json.loads(admission.review(json.dumps(body).encode(), scheduler_names=NAMES).body)["response"]
 
     assert update["allowed"] is True and "patch" not in update
     assert other["allowed"] is True and "patch" not in other
@@ -278,7 +280,7 @@ def test_updates_and_other_resources_pass_untouched() -> None:
     ],
 )
 def test_a_body_that_is_not_an_admission_review_gets_400_with_a_message(body: bytes, phrase: str) -> None:
-    answer = webhook.review(body, scheduler_names=NAMES)
+    answer = admission.review(body, scheduler_names=NAMES)
 
     assert answer.status == 400 and answer.content_type == "text/plain"
     assert phrase in answer.body.decode()
@@ -339,7 +341,7 @@ POD_LIKE = st.recursive(
 @given(obj=JSON | POD_LIKE)
 @settings(max_examples=300)
 def test_no_review_object_whatever_its_shape_makes_the_webhook_raise(obj: object) -> None:
-    answer = webhook.review(review_body(obj), scheduler_names=NAMES)
+    answer = admission.review(review_body(obj), scheduler_names=NAMES)
 
     assert answer.status == 200
     assert "response" in json.loads(answer.body)
@@ -347,7 +349,7 @@ def test_no_review_object_whatever_its_shape_makes_the_webhook_raise(obj: object
 
 @given(body=st.binary(max_size=200) | JSON.map(lambda value: json.dumps(value).encode()))
 def test_no_body_whatever_it_holds_makes_the_webhook_raise(body: bytes) -> None:
-    assert webhook.review(body, scheduler_names=NAMES).status in (200, 400)
+    assert admission.review(body, scheduler_names=NAMES).status in (200, 400)
 
 
 ENV_NAMES = st.sampled_from(["NVIDIA_VISIBLE_DEVICES", "GPU_PORTION", "MODEL", "CUDA_VISIBLE_DEVICES"])
@@ -356,11 +358,13 @@ ENV = st.lists(st.builds(lambda name, value: {"name": name, "value": value}, ENV
 
 @st.composite
 def share_pods(draw: st.DrawFn) -> Obj:
-    names = draw(st.lists(st.sampled_from(["main", "sidecar", "proxy", "server"]), min_size=1, max_size=4, unique=True))
+    containers = draw(
+        st.lists(st.sampled_from(["main", "sidecar", "proxy", "server"]), min_size=1, max_size=4, unique=True)
+    )
     annotations = {"gpu-fraction": draw(st.sampled_from(["0.5", "0.25", "0.7"]))}
     if draw(st.booleans()):
-        annotations["gpu-fraction-container-name"] = draw(st.sampled_from(names))
-    obj = pod(annotations, containers=tuple(names))
+        annotations["gpu-fraction-container-name"] = draw(st.sampled_from(containers))
+    obj = pod(annotations, containers=tuple(containers))
     for field in ("containers", "initContainers"):
         if field == "initContainers":
             if not draw(st.booleans()):
@@ -379,7 +383,7 @@ def share_pods(draw: st.DrawFn) -> Obj:
 def test_every_share_is_wired_the_same_whatever_env_the_pod_brings_and_a_second_pass_changes_nothing(obj: Obj) -> None:
     result = patched(obj, respond(obj))
     chosen = obj["metadata"]["annotations"].get("gpu-fraction-container-name", obj["spec"]["containers"][0]["name"])
-    configmap = result["metadata"]["annotations"][webhook.CONFIGMAP_ANNOTATION]
+    configmap = result["metadata"]["annotations"][names.GPU_CONFIGMAP_ANNOTATION]
 
     for field in ("containers", "initContainers"):
         for before, after in zip(obj["spec"].get(field, []), result["spec"].get(field, []), strict=True):

@@ -21,6 +21,7 @@ import pytest
 
 from common import config
 from common.errors import ConfigError
+from scheduler import settings
 from scheduler.kube import certs, webhook
 from scheduler.kube.errors import KubeUnavailable
 from tests.unit.kube.fakes import MemoryKube, VirtualClock
@@ -276,8 +277,8 @@ async def test_provided_certificates_without_a_directory_are_a_configuration_err
 
 
 def resolve(environ: dict[str, str]) -> webhook.WebhookSettings:
-    values = config.resolve(webhook.SETTINGS, argparse.Namespace(), environ=environ, file_values={})
-    return webhook.settings_from(values)
+    values = config.resolve(settings.WEBHOOK_SETTINGS, argparse.Namespace(), environ=environ, file_values={})
+    return settings.webhook_settings_from(values)
 
 
 def test_the_default_settings_match_the_base_deployment() -> None:

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
+from common import names
+from scheduler.objects import nodes, podgroups, pods, queues, records
 from scheduler.placement import engine, model
-from scheduler.state import objects
 from scheduler.state.cache import Assumption, ClusterState
-from scheduler.state.snapshot import SnapshotBuilder, build_queues
+from scheduler.state.models import build_queues
+from scheduler.state.snapshot import SnapshotBuilder
+
+T = TypeVar("T")
 
 NOW = 1_800_000_000_000_000_000
 
 
-def node(name: str, *, gpus: int = 4, memory_mib: int = 81920, ready: bool = True) -> dict[str, Any]:
+def node_json(name: str, *, gpus: int = 4, memory_mib: int = 81920, ready: bool = True) -> dict[str, Any]:
     return {
         "metadata": {
             "name": name,
@@ -27,7 +32,7 @@ def node(name: str, *, gpus: int = 4, memory_mib: int = 81920, ready: bool = Tru
     }
 
 
-def queue(name: str, parent: str | None = None, **resources: Any) -> dict[str, Any]:
+def queue_json(name: str, parent: str | None = None, **resources: Any) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "resources": resources
         or {k: {"quota": -1, "limit": -1, "overQuotaWeight": 1} for k in ("gpu", "cpu", "memory")}
@@ -37,14 +42,16 @@ def queue(name: str, parent: str | None = None, **resources: Any) -> dict[str, A
     return {"metadata": {"name": name, "creationTimestamp": "2026-01-01T00:00:00Z"}, "spec": spec}
 
 
-def podgroup(name: str, *, queue_name: str = "test", min_member: int = 1, namespace: str = "default") -> dict[str, Any]:
+def podgroup_json(
+    name: str, *, queue_name: str = "test", min_member: int = 1, namespace: str = "default"
+) -> dict[str, Any]:
     return {
         "metadata": {"name": name, "namespace": namespace, "creationTimestamp": "2026-01-01T00:00:00Z"},
         "spec": {"minMember": min_member, "queue": queue_name},
     }
 
 
-def pod(
+def pod_json(
     name: str,
     *,
     group: str,
@@ -72,6 +79,28 @@ def pod(
     }
 
 
+def decoded(decode: Callable[[Mapping[str, Any]], T | None], obj: Mapping[str, Any]) -> T:
+    record = decode(obj)
+    assert record is not None
+    return record
+
+
+def node(name: str, **kw: Any) -> records.NodeRecord:
+    return decoded(nodes.decode, node_json(name, **kw))
+
+
+def queue(name: str, parent: str | None = None, **resources: Any) -> records.QueueRecord:
+    return decoded(queues.decode, queue_json(name, parent, **resources))
+
+
+def podgroup(name: str, **kw: Any) -> records.PodGroupRecord:
+    return decoded(podgroups.decode, podgroup_json(name, **kw))
+
+
+def pod(name: str, **kw: Any) -> records.PodRecord:
+    return decoded(pods.decode, pod_json(name, **kw))
+
+
 def seeded_state() -> ClusterState:
     state = ClusterState(scheduler_names=["quotient"])
     state.put_node(node("n1"))
@@ -96,7 +125,7 @@ def test_the_seeds_fractions_land_on_one_device_through_the_real_engine() -> Non
 def test_devices_held_by_bound_and_assumed_pods_and_other_schedulers_are_not_offered_again() -> None:
     state = seeded_state()
     state.put_podgroup(podgroup("pg-a"))
-    bound = pod("a", group="pg-a", gpus=1, node_name="n1", annotations={objects.GPU_DEVICES_ANNOTATION: "2"})
+    bound = pod("a", group="pg-a", gpus=1, node_name="n1", annotations={names.GPU_DEVICES_ANNOTATION: "2"})
     state.put_pod(bound)
     state.put_pod(pod("foreign", group="none", gpus=2, node_name="n1", scheduler="default-scheduler"))
     state.put_podgroup(podgroup("pg-b"))
@@ -136,22 +165,23 @@ def test_an_invalid_gpu_annotation_is_reported_and_keeps_the_pod_out_without_tou
 
 
 def test_queue_cycles_missing_parents_and_malformed_specs_are_reported_not_fatal() -> None:
-    queues = {
+    bad = decoded(queues.decode, {"metadata": {"name": "bad"}, "spec": {"resources": {"gpu": {"quota": "lots"}}}})
+    listed = {
         "ok": queue("ok"),
         "a": queue("a", "b"),
         "b": queue("b", "a"),
         "orphan": queue("orphan", "gone"),
-        "bad": {"metadata": {"name": "bad"}, "spec": {"resources": {"gpu": {"quota": "lots"}}}},
+        "bad": bad,
         "child-of-bad": queue("child-of-bad", "bad"),
     }
-    kept, issues = build_queues(queues)
+    kept, issues = build_queues(listed)
     assert set(kept) == {"ok"}
     by_queue = {issue.queue: issue.condition for issue in issues}
     assert by_queue == {"a": "Cycle", "b": "Cycle", "orphan": "Orphan", "bad": "Invalid", "child-of-bad": "Orphan"}
 
 
 def test_queue_units_follow_kai() -> None:
-    parsed = objects.queue_from(
+    parsed = queues.queue_from(
         {
             "metadata": {"name": "q"},
             "spec": {
@@ -166,9 +196,9 @@ def test_queue_units_follow_kai() -> None:
 
 def test_a_pod_joins_the_group_the_grouper_decided_before_its_annotation_is_written() -> None:
     state = seeded_state()
-    unannotated = pod("fresh", group="ignored", gpus=1)
+    unannotated = pod_json("fresh", group="ignored", gpus=1)
     del unannotated["metadata"]["annotations"]["pod-group-name"]
-    state.put_pod(unannotated)
+    state.put_pod(decoded(pods.decode, unannotated))
     state.put_podgroup(podgroup("pg-fresh"))
     builder = SnapshotBuilder(state)
     assert not builder.build(NOW).snapshot.groups

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 from common import subjects, wire
 from common.errors import WireReason
-from scheduler.telemetry import consumer
+from scheduler.telemetry.feed import consumer
 
 GIB = 1024**3
 T0 = 1_700_000_000_000_000_000

@@ -1,6 +1,6 @@
 """The newest ``NodeTelemetry`` and ``NodeHealth`` of every node: the telemetry consumer's synchronous core.
 
-``scheduler.telemetry.consumer`` follows the bus and hands batches of ``(subject, payload)`` here; this module
+``scheduler.telemetry.feed.consumer`` follows the bus and hands batches of ``(subject, payload)`` here; this module
 decodes, checks and applies them, and nothing here awaits, so tests and the simulator drive it without NATS. Why it
 is shaped this way:
 

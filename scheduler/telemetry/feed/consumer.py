@@ -6,7 +6,7 @@ Why it is shaped this way:
   (``subscribe_batches``, which where it can reads NATS frames itself rather than through nats-py's per-message
   machinery: ``common.natsframes`` says why), the consumer only appends that list to a buffer, and the buffer is
   decoded and applied in batches (``max_batch`` messages, or whatever arrived within ``flush_interval_s``) by
-  ``scheduler.telemetry.readings``, the synchronous core that keeps the newest of each node.
+  ``scheduler.telemetry.feed.readings``, the synchronous core that keeps the newest of each node.
 - Hostile or broken publishers must not hurt the scheduler: what arrives while the buffer is full is dropped and
   counted at the door, and the core drops and counts, by reason, whatever fails its checks. Memory is bounded: the
   buffer by messages and bytes, the state by a cap on nodes, and nodes not heard from for ``forget_after_s`` are
@@ -32,7 +32,7 @@ from typing import Final, Protocol
 from common import logs, messaging, retrying, subjects
 from common.backoff import Backoff
 from common.errors import BusError
-from scheduler.telemetry import readings
+from scheduler.telemetry.feed import readings
 
 log = logs.get("telemetry.consumer")
 
@@ -264,7 +264,7 @@ class TelemetryConsumer:
             self._last_sweep_ns = now_ns
             self._readings.forget_silent(now_ns)
 
-    # -- the core (scheduler.telemetry.readings) ---------------------------------------------------------------------
+    # -- the core (scheduler.telemetry.feed.readings) ---------------------------------------------------------------
 
     def ingest(self, messages: Sequence[tuple[str, bytes]]) -> None:
         """Decode and apply ``(subject, payload)`` pairs, in order, in batches of at most ``max_batch``."""

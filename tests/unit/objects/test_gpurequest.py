@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.kube import gpurequest
-from scheduler.kube.gpurequest import AnnotationProblem, GpuRequest
+from scheduler.objects import gpurequest
+from scheduler.objects.gpurequest import AnnotationProblem, GpuRequest
 
 GIB = 1024**3
 MIB = 1024**2

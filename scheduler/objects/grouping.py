@@ -19,21 +19,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-QUEUE_LABEL = "kai.scheduler/queue"
-DEFAULT_QUEUE = "default-queue"
-POD_GROUP_ANNOTATION = "pod-group-name"
-PRIORITY_CLASS_LABEL = "priorityClassName"
-PREEMPTIBILITY_LABEL = "kai.scheduler/preemptibility"
-
-VCLUSTER_KIND = "vcluster.loft.sh/owner-set-kind"
-VCLUSTER_NAME = "vcluster.loft.sh/owner-set-name"
-VCLUSTER_NAMESPACE = "vcluster.loft.sh/namespace"
-VCLUSTER_MANAGED_BY = "vcluster.loft.sh/managed-by"
-LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
-
-# KAI's priority classes and the defaults by workload kind (KAI-COMPAT.md).
-KAI_PRIORITY_CLASSES = {"train": 50, "build-preemptible": 75, "build": 100, "inference": 125}
-NON_PREEMPTIBLE_FROM = 100
+from common import names
+from scheduler.objects import fields
+from scheduler.objects.records import PodRecord
 
 # Kinds whose pods each get a group of their own (no gang), and kinds whose pods share one group.
 _PER_POD = {("batch", "Job"), ("batch", "CronJob"), ("apps", "Deployment")}
@@ -83,17 +71,11 @@ def group_name(owner_name: str, uid: str) -> str:
 
 
 def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
-    labels = (obj.get("metadata") or {}).get("labels") or {}
-    return labels if isinstance(labels, dict) else {}
-
-
-def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
-    annotations = (obj.get("metadata") or {}).get("annotations") or {}
-    return annotations if isinstance(annotations, dict) else {}
+    return fields.string_map(fields.meta(obj).get("labels"))
 
 
 def _meta(obj: Mapping[str, Any], key: str) -> str:
-    return str((obj.get("metadata") or {}).get(key) or "")
+    return str(fields.meta(obj).get(key) or "")
 
 
 def _int(value: object, default: int = 0) -> int:
@@ -128,50 +110,47 @@ def _jobset_min_member(owner: Mapping[str, Any]) -> int:
     return max(total, 1)
 
 
-def _priority_class(pod: Mapping[str, Any], owner: Mapping[str, Any] | None, default: str) -> str:
-    for source in (owner, pod):
-        if source is not None and _labels(source).get(PRIORITY_CLASS_LABEL):
-            return _labels(source)[PRIORITY_CLASS_LABEL]
-    spec_class = (pod.get("spec") or {}).get("priorityClassName")
-    return str(spec_class) if spec_class else default
+def _priority_class(pod: PodRecord, owner: Mapping[str, Any] | None, default: str) -> str:
+    if owner is not None and _labels(owner).get(names.PRIORITY_CLASS_LABEL):
+        return _labels(owner)[names.PRIORITY_CLASS_LABEL]
+    if pod.labels.get(names.PRIORITY_CLASS_LABEL):
+        return pod.labels[names.PRIORITY_CLASS_LABEL]
+    return pod.priority_class or default
 
 
-def _preemptible(pod: Mapping[str, Any], owner: Mapping[str, Any] | None) -> bool | None:
-    for source in (owner, pod):
-        if source is None:
-            continue
-        value = _labels(source).get(PREEMPTIBILITY_LABEL)
-        if value in ("preemptible", "non-preemptible"):
-            return value == "preemptible"
+def _preemptible(pod: PodRecord, owner: Mapping[str, Any] | None) -> bool | None:
+    for labels in (_labels(owner) if owner is not None else None, pod.labels):
+        value = labels.get(names.PREEMPTIBILITY_LABEL) if labels is not None else None
+        if value in (names.PREEMPTIBLE, names.NON_PREEMPTIBLE):
+            return value == names.PREEMPTIBLE
     return None
 
 
-def _queue(pod: Mapping[str, Any], owner: Mapping[str, Any] | None, queue_label: str) -> str:
-    for source in (owner, pod):
-        if source is not None and _labels(source).get(queue_label):
-            return _labels(source)[queue_label]
-    return DEFAULT_QUEUE
+def _queue(pod: PodRecord, owner: Mapping[str, Any] | None, queue_label: str) -> str:
+    if owner is not None and _labels(owner).get(queue_label):
+        return _labels(owner)[queue_label]
+    return pod.labels.get(queue_label) or names.DEFAULT_QUEUE
 
 
-def _own_group(pod: Mapping[str, Any], *, queue_label: str, note: str | None) -> Grouping:
+def _own_group(pod: PodRecord, *, queue_label: str, note: str | None) -> Grouping:
     return Grouping(
-        group_name=group_name(_meta(pod, "name"), _meta(pod, "uid")),
+        group_name=group_name(pod.name, pod.uid),
         min_member=1,
         queue=_queue(pod, None, queue_label),
-        priority_class=_priority_class(pod, None, "train"),
+        priority_class=_priority_class(pod, None, names.DEFAULT_PRIORITY_CLASS),
         preemptible=_preemptible(pod, None),
         owner=None,
         note=note,
     )
 
 
-def _vcluster(pod: Mapping[str, Any], queue_label: str) -> Grouping | None:
-    annotations = _annotations(pod)
-    kind, name = annotations.get(VCLUSTER_KIND), annotations.get(VCLUSTER_NAME)
+def _vcluster(pod: PodRecord, queue_label: str) -> Grouping | None:
+    kind = pod.annotations.get(names.VCLUSTER_OWNER_KIND_ANNOTATION)
+    name = pod.annotations.get(names.VCLUSTER_OWNER_NAME_ANNOTATION)
     if not kind or not name:
         return None
-    tenant = _labels(pod).get(VCLUSTER_MANAGED_BY, "vcluster")
-    namespace = annotations.get(VCLUSTER_NAMESPACE, "")
+    tenant = pod.labels.get(names.VCLUSTER_MANAGED_BY_LABEL, "vcluster")
+    namespace = pod.annotations.get(names.VCLUSTER_NAMESPACE_ANNOTATION, "")
     per_pod = kind in {"Job", "CronJob", "Deployment"}
     key = f"{tenant}/{namespace}/{kind}/{name}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
@@ -181,17 +160,17 @@ def _vcluster(pod: Mapping[str, Any], queue_label: str) -> Grouping | None:
         group_name=group_name(f"{tenant}-{namespace}-{name}", digest),
         min_member=1,
         queue=_queue(pod, None, queue_label),
-        priority_class=_priority_class(pod, None, "train"),
+        priority_class=_priority_class(pod, None, names.DEFAULT_PRIORITY_CLASS),
         preemptible=_preemptible(pod, None),
         owner={"apiVersion": "vcluster.loft.sh/tenant", "kind": kind, "name": name, "uid": digest},
     )
 
 
 def decide(
-    pod: Mapping[str, Any],
+    pod: PodRecord,
     owners: Sequence[Mapping[str, Any]] | OwnerProblem,
     *,
-    queue_label: str = QUEUE_LABEL,
+    queue_label: str = names.QUEUE_LABEL,
 ) -> Grouping:
     """The group of ``pod``, given its controller owners from the nearest to the top (empty: ownerless)."""
     if isinstance(owners, OwnerProblem):
@@ -220,7 +199,7 @@ def decide(
     )
 
 
-def _by_owner(pod: Mapping[str, Any], owner: Mapping[str, Any], queue_label: str) -> Grouping | None:
+def _by_owner(pod: PodRecord, owner: Mapping[str, Any], queue_label: str) -> Grouping | None:
     kind = str(owner.get("kind") or "")
     group = _api_group(str(owner.get("apiVersion") or ""))
     name, uid = _meta(owner, "name"), _meta(owner, "uid")
@@ -228,9 +207,7 @@ def _by_owner(pod: Mapping[str, Any], owner: Mapping[str, Any], queue_label: str
 
     def made(min_member: int, default_class: str, *, per_pod: bool = False, suffix: str = "") -> Grouping:
         return Grouping(
-            group_name=group_name(_meta(pod, "name"), _meta(pod, "uid"))
-            if per_pod
-            else group_name(f"{name}{suffix}", uid),
+            group_name=group_name(pod.name, pod.uid) if per_pod else group_name(f"{name}{suffix}", uid),
             min_member=min_member,
             queue=_queue(pod, owner, queue_label),
             priority_class=_priority_class(pod, owner, default_class),
@@ -239,31 +216,18 @@ def _by_owner(pod: Mapping[str, Any], owner: Mapping[str, Any], queue_label: str
         )
 
     if (group, kind) in _PER_POD:
-        return made(1, "inference" if kind == "Deployment" else "train", per_pod=True)
+        default_class = names.DEPLOYMENT_PRIORITY_CLASS if kind == "Deployment" else names.DEFAULT_PRIORITY_CLASS
+        return made(1, default_class, per_pod=True)
     if (group, kind) in _SHARED:
-        return made(1, "train")
+        return made(1, names.DEFAULT_PRIORITY_CLASS)
     if group == "kubeflow.org" and kind in _KUBEFLOW:
-        return made(_kubeflow_min_member(owner, _KUBEFLOW[kind]), "train")
+        return made(_kubeflow_min_member(owner, _KUBEFLOW[kind]), names.DEFAULT_PRIORITY_CLASS)
     if group == "ray.io" and kind in _RAY:
-        return made(_ray_min_member(owner), "train")
+        return made(_ray_min_member(owner), names.DEFAULT_PRIORITY_CLASS)
     if group == "jobset.x-k8s.io" and kind == "JobSet":
-        return made(_jobset_min_member(owner), "train")
+        return made(_jobset_min_member(owner), names.DEFAULT_PRIORITY_CLASS)
     if group == "leaderworkerset.x-k8s.io" and kind == "LeaderWorkerSet":
         size = _int(((owner.get("spec") or {}).get("leaderWorkerTemplate") or {}).get("size"), 1)
-        index = _labels(pod).get(LWS_GROUP_INDEX, "0")
-        return made(max(size, 1), "train", suffix=f"-{_name_part(index, 10)}")
+        index = pod.labels.get(names.LWS_GROUP_INDEX_LABEL, "0")
+        return made(max(size, 1), names.DEFAULT_PRIORITY_CLASS, suffix=f"-{_name_part(index, 10)}")
     return None
-
-
-def priority_value(priority_class: str, known: Mapping[str, int]) -> int:
-    """The numeric priority of a class: the cluster's PriorityClasses, then KAI's defaults, else ``train``'s 50."""
-    if priority_class in known:
-        return known[priority_class]
-    return KAI_PRIORITY_CLASSES.get(priority_class, KAI_PRIORITY_CLASSES["train"])
-
-
-def is_preemptible(grouping: Grouping, priority: int) -> bool:
-    """KAI: priority >= 100 is non-preemptible unless the preemptibility label says otherwise."""
-    if grouping.preemptible is not None:
-        return grouping.preemptible
-    return priority < NON_PREEMPTIBLE_FROM

@@ -22,14 +22,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from common import quantities
+from common import names, quantities
 from common.errors import QuantityError
-
-GPU_FRACTION = "gpu-fraction"
-GPU_MEMORY = "gpu-memory"
-NUM_DEVICES = "gpu-fraction-num-devices"
-CONTAINER_NAME = "gpu-fraction-container-name"
-GPU_RESOURCE = "nvidia.com/gpu"
 
 FRACTION_FORMS = 'a decimal strictly between 0 and 1, such as "0.5" or "0.25"'
 MEMORY_FORMS = (
@@ -73,18 +67,21 @@ class AnnotationProblem:
 def parse_fraction(text: str) -> int | AnnotationProblem:
     """``gpu-fraction`` as milli-GPU in 1..999."""
     if not _DECIMAL_TEXT.match(text):
-        return AnnotationProblem(field=GPU_FRACTION, message=f"gpu-fraction {text!r} is not {FRACTION_FORMS}")
+        return AnnotationProblem(
+            field=names.GPU_FRACTION_ANNOTATION, message=f"gpu-fraction {text!r} is not {FRACTION_FORMS}"
+        )
     value = decimal.Decimal(text.strip())
     if not 0 < value < 1:
         return AnnotationProblem(
-            field=GPU_FRACTION,
+            field=names.GPU_FRACTION_ANNOTATION,
             message=f"gpu-fraction {text!r} is out of range: it must be {FRACTION_FORMS}; for whole GPUs request "
-            f"{GPU_RESOURCE} instead",
+            f"{names.GPU_RESOURCE} instead",
         )
     milli = int((value * 1000).to_integral_value(rounding=decimal.ROUND_HALF_EVEN))
     if milli == 0:
         return AnnotationProblem(
-            field=GPU_FRACTION, message=f"gpu-fraction {text!r} is below the smallest share, 0.001 of a GPU"
+            field=names.GPU_FRACTION_ANNOTATION,
+            message=f"gpu-fraction {text!r} is below the smallest share, 0.001 of a GPU",
         )
     return min(milli, 999)
 
@@ -104,14 +101,17 @@ def parse_gpu_memory(text: str) -> int | AnnotationProblem:
                 raw = f"{number}{letter}i" if binary else f"{number}{'k' if letter == 'K' else letter}"
             value = quantities.parse_bytes(raw)
     except QuantityError:
-        return AnnotationProblem(field=GPU_MEMORY, message=f"gpu-memory {text!r} is not {MEMORY_FORMS}")
+        return AnnotationProblem(
+            field=names.GPU_MEMORY_ANNOTATION, message=f"gpu-memory {text!r} is not {MEMORY_FORMS}"
+        )
     if value <= 0:
         return AnnotationProblem(
-            field=GPU_MEMORY, message=f"gpu-memory {text!r} must be more than 0; use {MEMORY_FORMS}"
+            field=names.GPU_MEMORY_ANNOTATION, message=f"gpu-memory {text!r} must be more than 0; use {MEMORY_FORMS}"
         )
     if value > _MAX_MEMORY_BYTES:
         return AnnotationProblem(
-            field=GPU_MEMORY, message=f"gpu-memory {text!r} is more than any GPU holds (at most 1Ti per device)"
+            field=names.GPU_MEMORY_ANNOTATION,
+            message=f"gpu-memory {text!r} is more than any GPU holds (at most 1Ti per device)",
         )
     return value
 
@@ -121,13 +121,13 @@ def _whole_gpus(pod: Mapping[str, Any], container: Mapping[str, Any]) -> int | A
     amounts = []
     for section in ("limits", "requests"):
         values = resources.get(section) or {}
-        if GPU_RESOURCE in values:
+        if names.GPU_RESOURCE in values:
             try:
-                amounts.append(quantities.parse_count(str(values[GPU_RESOURCE])))
+                amounts.append(quantities.parse_count(str(values[names.GPU_RESOURCE])))
             except QuantityError:
                 return AnnotationProblem(
-                    field=GPU_RESOURCE,
-                    message=f"{GPU_RESOURCE} {section} {values[GPU_RESOURCE]!r} in container "
+                    field=names.GPU_RESOURCE,
+                    message=f"{names.GPU_RESOURCE} {section} {values[names.GPU_RESOURCE]!r} in container "
                     f"{container.get('name')!r} is not a whole number",
                 )
     return max(amounts, default=0)
@@ -145,29 +145,34 @@ def parse(pod: Mapping[str, Any]) -> GpuRequest | AnnotationProblem:
         if isinstance(amount, AnnotationProblem):
             return amount
         whole += amount
-    fraction_text = annotations.get(GPU_FRACTION)
-    memory_text = annotations.get(GPU_MEMORY)
-    devices_text = annotations.get(NUM_DEVICES)
-    container_name = annotations.get(CONTAINER_NAME)
+    fraction_text = annotations.get(names.GPU_FRACTION_ANNOTATION)
+    memory_text = annotations.get(names.GPU_MEMORY_ANNOTATION)
+    devices_text = annotations.get(names.GPU_FRACTION_NUM_DEVICES_ANNOTATION)
+    container_name = annotations.get(names.GPU_FRACTION_CONTAINER_ANNOTATION)
     if fraction_text is None and memory_text is None:
-        for name, text in ((NUM_DEVICES, devices_text), (CONTAINER_NAME, container_name)):
+        for name, text in (
+            (names.GPU_FRACTION_NUM_DEVICES_ANNOTATION, devices_text),
+            (names.GPU_FRACTION_CONTAINER_ANNOTATION, container_name),
+        ):
             if text is not None:
                 return AnnotationProblem(
                     field=name,
-                    message=f"{name} is set but the pod asks for no GPU share ({GPU_FRACTION} or {GPU_MEMORY})",
+                    message=f"{name} is set but the pod asks for no GPU share "
+                    f"({names.GPU_FRACTION_ANNOTATION} or {names.GPU_MEMORY_ANNOTATION})",
                 )
         return GpuRequest(whole=whole, devices=whole) if whole else NO_GPU
     if fraction_text is not None and memory_text is not None:
         return AnnotationProblem(
-            field=GPU_MEMORY,
-            message=f"{GPU_FRACTION} and {GPU_MEMORY} are both set; ask for a share one way only",
+            field=names.GPU_MEMORY_ANNOTATION,
+            message=f"{names.GPU_FRACTION_ANNOTATION} and {names.GPU_MEMORY_ANNOTATION} are both set; ask for a share "
+            "one way only",
         )
     if whole:
         return AnnotationProblem(
-            field=GPU_RESOURCE,
-            message=f"the pod asks for {whole} whole GPU(s) through {GPU_RESOURCE} and for a share through "
-            f"{GPU_FRACTION if fraction_text is not None else GPU_MEMORY}; a shared pod must not request "
-            f"{GPU_RESOURCE}",
+            field=names.GPU_RESOURCE,
+            message=f"the pod asks for {whole} whole GPU(s) through {names.GPU_RESOURCE} and for a share through "
+            f"{names.GPU_FRACTION_ANNOTATION if fraction_text is not None else names.GPU_MEMORY_ANNOTATION}; a shared "
+            f"pod must not request {names.GPU_RESOURCE}",
         )
     milli = 0
     memory = 0
@@ -186,15 +191,17 @@ def parse(pod: Mapping[str, Any]) -> GpuRequest | AnnotationProblem:
     if devices_text is not None:
         if not _ASCII_INTEGER.match(devices_text.strip()) or not 1 <= int(devices_text.strip()) <= _MAX_DEVICES:
             return AnnotationProblem(
-                field=NUM_DEVICES,
-                message=f"{NUM_DEVICES} {devices_text!r} must be a whole number from 1 to {_MAX_DEVICES}",
+                field=names.GPU_FRACTION_NUM_DEVICES_ANNOTATION,
+                message=f"{names.GPU_FRACTION_NUM_DEVICES_ANNOTATION} {devices_text!r} must be a whole number from 1 "
+                f"to {_MAX_DEVICES}",
             )
         devices = int(devices_text.strip())
     if container_name is not None and container_name not in {c.get("name") for c in containers}:
         known = ", ".join(str(c.get("name")) for c in containers) or "none"
         return AnnotationProblem(
-            field=CONTAINER_NAME,
-            message=f"{CONTAINER_NAME} {container_name!r} names no container of the pod (containers: {known})",
+            field=names.GPU_FRACTION_CONTAINER_ANNOTATION,
+            message=f"{names.GPU_FRACTION_CONTAINER_ANNOTATION} {container_name!r} names no container of the pod "
+            f"(containers: {known})",
         )
     chosen = container_name or (str(containers[0].get("name")) if containers else None)
     return GpuRequest(milli_gpu=milli, memory_bytes=memory, devices=devices, container=chosen)

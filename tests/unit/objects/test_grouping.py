@@ -4,8 +4,9 @@ from typing import Any
 
 import pytest
 
-from scheduler.kube import grouping
-from scheduler.kube.grouping import OwnerProblem
+from scheduler.objects import grouping, podgroups, pods
+from scheduler.objects.grouping import OwnerProblem
+from scheduler.objects.records import PodRecord
 
 
 def obj(kind: str, name: str, *, api: str = "v1", labels: dict[str, str] | None = None, **extra: Any) -> dict[str, Any]:
@@ -17,8 +18,14 @@ def obj(kind: str, name: str, *, api: str = "v1", labels: dict[str, str] | None 
     }
 
 
-def pod(name: str = "p", **kw: Any) -> dict[str, Any]:
+def pod_json(name: str = "p", **kw: Any) -> dict[str, Any]:
     return obj("Pod", name, **kw)
+
+
+def pod(name: str = "p", **kw: Any) -> PodRecord:
+    record = pods.decode(pod_json(name, **kw))
+    assert record is not None
+    return record
 
 
 def test_an_ownerless_pod_gets_its_own_group_of_one_in_the_default_queue() -> None:
@@ -94,14 +101,16 @@ def test_a_vcluster_service_owner_gives_each_pod_its_own_group_not_one_for_the_t
 
 
 def test_vcluster_synced_pods_of_one_tenant_statefulset_share_a_group() -> None:
-    def synced(name: str) -> dict[str, Any]:
-        p = pod(name, labels={"vcluster.loft.sh/managed-by": "tenant-1"})
+    def synced(name: str) -> PodRecord:
+        p = pod_json(name, labels={"vcluster.loft.sh/managed-by": "tenant-1"})
         p["metadata"]["annotations"] = {
             "vcluster.loft.sh/owner-set-kind": "StatefulSet",
             "vcluster.loft.sh/owner-set-name": "db",
             "vcluster.loft.sh/namespace": "prod",
         }
-        return p
+        record = pods.decode(p)
+        assert record is not None
+        return record
 
     service = obj("Service", "tenant-1")
     assert grouping.decide(synced("db-0-x"), [service]).group_name == grouping.decide(synced("db-1-x"), []).group_name
@@ -109,13 +118,20 @@ def test_vcluster_synced_pods_of_one_tenant_statefulset_share_a_group() -> None:
 
 def test_priority_and_preemptibility_follow_kai() -> None:
     build = grouping.decide(pod(labels={"priorityClassName": "build"}), [])
-    assert grouping.priority_value(build.priority_class, {}) == 100
-    assert not grouping.is_preemptible(build, 100)
+    assert podgroups.priority_value(build.priority_class, {}) == 100
+    assert not podgroups.is_preemptible(_preemptibility(build), 100)
     labelled = grouping.decide(
         pod(labels={"priorityClassName": "build", "kai.scheduler/preemptibility": "preemptible"}), []
     )
-    assert grouping.is_preemptible(labelled, 100)
-    assert grouping.priority_value("custom", {"custom": 7}) == 7
+    assert podgroups.is_preemptible(_preemptibility(labelled), 100)
+    assert podgroups.priority_value("custom", {"custom": 7}) == 7
+
+
+def _preemptibility(decision: grouping.Grouping) -> str | None:
+    """What the grouper writes into the PodGroup's ``spec.preemptibility``."""
+    if decision.preemptible is None:
+        return None
+    return "preemptible" if decision.preemptible else "non-preemptible"
 
 
 def test_group_names_stay_valid_object_names() -> None:

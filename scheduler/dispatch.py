@@ -1,0 +1,302 @@
+"""From a cycle's plan to the API: assume each placement, hand binds and evictions to the binder, settle the reports.
+
+The engine's plan is a set of decisions; carrying them out takes API calls that finish later, fail, or find the pod
+gone. The dispatcher keeps one in-flight record per pod (what is being done to it, since when, for which cycle and
+queue), so every report is settled against what was asked:
+
+- a placement is *assumed* in the cluster state at once (the next cycle sees its room taken), then bound; a bind that
+  does not happen (``lost``, ``gone``, ``failed``, ``not-reserved``) forgets the assumption so the pod is placed
+  afresh, with a ``FailedBinding`` event; a share whose node could not hold a GPU for it quarantines that node;
+- an eviction (the plan's reclaims, preemptions, consolidations and stale gangs, the telemetry's over-consumption
+  policy, a share whose reservation vanished) is the dispatcher's alone: a pod is evicted once, and stays "being
+  evicted" until the watch shows it deleted, whoever asked;
+- every bind and eviction that happened is a ``Decision`` on NATS, with the reason it was made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+from common import logs, names, wire
+from scheduler import audit
+from scheduler.kube import binding, events
+from scheduler.metrics import SchedulerMetrics
+from scheduler.objects.records import PodRecord
+from scheduler.placement import decisions, model, plan
+from scheduler.state.cache import Assumption, ClusterState
+
+log = logs.get("scheduler")
+
+# The DisruptionTarget condition's reasons Kubernetes defines (k8s.io/api/core/v1: PodReasonPreemptionByScheduler, ...).
+DISRUPTION_REASONS: dict[decisions.EvictionReason, str] = {
+    decisions.EvictionReason.RECLAIM: names.PREEMPTION_BY_SCHEDULER,
+    decisions.EvictionReason.PREEMPT: names.PREEMPTION_BY_SCHEDULER,
+    decisions.EvictionReason.CONSOLIDATE: names.PREEMPTION_BY_SCHEDULER,
+    decisions.EvictionReason.STALE_GANG: names.TERMINATION_BY_SCHEDULER,
+    decisions.EvictionReason.OVERUSE: names.TERMINATION_BY_SCHEDULER,
+}
+QUARANTINE_MIN_S = 30.0
+"""A node where a reservation pod got no GPU takes no new pods for at least this long (or the UUID timeout)."""
+_RESERVATION_FAILURES = ("ReservationTimeout", "ReservationFailed")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Bind:
+    """A bind in flight: where to, and what its ``Decision`` will say."""
+
+    node: str
+    devices: tuple[int, ...]
+    gpu_group: str | None
+    queue: str | None
+    cycle: int
+    started_s: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Evict:
+    """An eviction in flight (until the pod is deleted): the reason and GPU group its ``Decision`` will name."""
+
+    reason: str
+    gpu_group: str | None = None
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class InFlight:
+    """What is being done to one pod."""
+
+    pod: binding.PodRef
+    bind: Bind | None = None
+    evict: Evict | None = None
+
+
+def pod_ref(pod: PodRecord) -> binding.PodRef:
+    return binding.PodRef(namespace=pod.namespace, name=pod.name, uid=pod.uid)
+
+
+class Dispatcher:
+    """Carries out plans through the binder and settles its reports. One per leader term."""
+
+    def __init__(
+        self,
+        state: ClusterState,
+        *,
+        metrics: SchedulerMetrics,
+        recorder: events.EventSink,
+        decisions: audit.DecisionPublisher | None,
+        quarantine: Callable[[str, float], None],
+        reservation_timeout_s: float,
+        on_change: Callable[[], None],
+        clock_s: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._state = state
+        self._metrics = metrics
+        self._recorder = recorder
+        self._decisions = decisions
+        self._quarantine = quarantine
+        self._quarantine_s = max(QUARANTINE_MIN_S, reservation_timeout_s)
+        self._on_change = on_change
+        self._clock_s = clock_s
+        self.binder: binding.Binder | None = None
+        """Set by the composition once the binder (which reports back here) exists."""
+        self.in_flight: dict[str, InFlight] = {}
+        self.cycle = 0
+        """The number of the last cycle dispatched; decisions made outside a cycle carry it too."""
+
+    def _binder(self) -> binding.Binder:
+        assert self.binder is not None, "the dispatcher needs its binder"
+        return self.binder
+
+    async def cancel(self) -> None:
+        """Stop every API call in flight (leadership ended)."""
+        if self.binder is not None:
+            await self.binder.cancel()
+
+    def _record(self, pod: PodRecord) -> InFlight:
+        record = self.in_flight.get(pod.uid)
+        if record is None:
+            record = self.in_flight[pod.uid] = InFlight(pod=pod_ref(pod))
+        return record
+
+    def _settle(self, uid: str, record: InFlight) -> None:
+        if record.bind is None and record.evict is None:
+            self.in_flight.pop(uid, None)
+
+    # --- plans ---
+
+    def dispatch(self, result: plan.Plan, snapshot: model.Snapshot, *, cycle: int) -> None:
+        """Assume every placement and hand it to the binder; nominate; evict the victims."""
+        self.cycle = cycle
+        state = self._state
+        for placement in result.placements:
+            uid = str(placement.pod)
+            pod = state.pods.get(uid)
+            if pod is None or uid in state.assumed:
+                continue
+            groups = tuple(binding.label_safe_group(str(group)) for group in placement.gpu_groups)
+            share = placement.share_milli[0] if placement.share_milli else 0
+            state.assume(
+                uid,
+                Assumption(node=str(placement.node), devices=placement.devices, share_milli=share, gpu_groups=groups),
+            )
+            group = snapshot.groups.get(placement.group)
+            self._record(pod).bind = Bind(
+                node=str(placement.node),
+                devices=placement.devices,
+                gpu_group=groups[0] if groups else None,
+                queue=str(group.queue) if group is not None else None,
+                cycle=cycle,
+                started_s=self._clock_s(),
+            )
+            extra = {}
+            if not pod.pod_group and uid in state.decided:
+                extra[names.POD_GROUP_ANNOTATION] = state.decided[uid]
+            self._binder().submit_bind(pod_ref(pod), placement, groups, extra, configmap=pod.configmap)
+        for nomination in result.nominations:
+            pod = state.pods.get(str(nomination.pod))
+            if pod is None or pod.nominated_node == str(nomination.node):
+                continue
+            self._binder().submit_nomination(pod_ref(pod), str(nomination.node))
+        for eviction in result.evictions:
+            pod = state.pods.get(str(eviction.pod))
+            if pod is None:
+                continue
+            evicting = self.evict(
+                pod,
+                node=str(eviction.node),
+                disruption=DISRUPTION_REASONS.get(eviction.reason, names.PREEMPTION_BY_SCHEDULER),
+                message=eviction.message,
+                decision_reason="Evicted",
+                metric=eviction.reason.value,
+            )
+            if evicting:
+                ref = events.ObjectRef.of_record(pod)
+                self._recorder.record(ref, type=events.EventType.WARNING, reason="Evict", message=eviction.message)
+
+    # --- evictions ---
+
+    def is_evicting(self, uid: str) -> bool:
+        record = self.in_flight.get(uid)
+        return record is not None and record.evict is not None
+
+    def evict(
+        self,
+        pod: PodRecord,
+        *,
+        node: str,
+        disruption: str,
+        message: str,
+        decision_reason: str,
+        metric: str,
+        gpu_group: str | None = None,
+    ) -> bool:
+        """Evict ``pod`` unless it is being evicted already; whether this call started an eviction. ``disruption`` is
+        the ``DisruptionTarget`` reason, ``decision_reason`` what its ``Decision`` says, ``metric`` the label of
+        ``quotient_evictions_total``."""
+        if self.is_evicting(pod.uid):
+            return False
+        self._record(pod).evict = Evict(reason=decision_reason, gpu_group=gpu_group)
+        self._metrics.evictions.labels(metric).inc()
+        self._binder().submit_evict(pod_ref(pod), node=node, disruption=disruption, message=message)
+        return True
+
+    def pod_deleted(self, uid: str) -> None:
+        """The watch showed the pod deleted: whatever was in flight for it is over."""
+        self.in_flight.pop(uid, None)
+
+    # --- reports ---
+
+    async def on_report(self, report: binding.Report) -> None:
+        if report.operation is binding.Operation.EVICT:
+            await self._evicted(report)
+        else:
+            await self._bound(report)
+
+    async def _evicted(self, report: binding.Report) -> None:
+        uid = report.pod.uid
+        record = self.in_flight.get(uid)
+        evict = record.evict if record is not None else None
+        if report.outcome is binding.Outcome.EVICTED:
+            await self._publish(
+                report,
+                action=wire.DecisionAction.EVICT,
+                reason=evict.reason if evict is not None else "Evicted",
+                gpu_group=evict.gpu_group if evict is not None else None,
+            )
+            return  # it stays "being evicted" until the watch shows it deleted
+        if report.outcome is binding.Outcome.GONE:
+            return
+        log.warning("eviction_failed", pod=f"{report.pod.namespace}/{report.pod.name}", message=report.message)
+        if record is not None:
+            record.evict = None  # a later decision may try again
+            self._settle(uid, record)
+
+    async def _bound(self, report: binding.Report) -> None:
+        uid = report.pod.uid
+        record = self.in_flight.get(uid)
+        bind = record.bind if record is not None else None
+        if record is not None:
+            record.bind = None
+            self._settle(uid, record)
+        if report.outcome is binding.Outcome.BOUND:
+            await self._publish(
+                report,
+                action=wire.DecisionAction.BIND,
+                reason="Scheduled",
+                devices=bind.devices if bind is not None else (),
+                gpu_group=bind.gpu_group if bind is not None else None,
+                queue=bind.queue if bind is not None else None,
+                cycle=bind.cycle if bind is not None else None,
+            )
+        self._metrics.binds.labels(report.outcome.value).inc()
+        if bind is not None:
+            self._metrics.bind_seconds.observe(self._clock_s() - bind.started_s)
+        if report.outcome is binding.Outcome.BOUND:
+            return
+        self._state.forget(uid)
+        self._on_change()
+        if report.outcome is binding.Outcome.NOT_RESERVED and report.node and report.reason in _RESERVATION_FAILURES:
+            # The node could not hold a GPU for a share (its device plugin or NVML is failing): place elsewhere.
+            self._quarantine(report.node, self._quarantine_s)
+        pod = self._state.pods.get(uid)
+        if report.outcome is not binding.Outcome.GONE and pod is not None:
+            log.warning(
+                "bind_failed",
+                pod=f"{report.pod.namespace}/{report.pod.name}",
+                outcome=report.outcome.value,
+                message=report.message,
+            )
+            self._recorder.record(
+                events.ObjectRef.of_record(pod),
+                type=events.EventType.WARNING,
+                reason="FailedBinding",
+                message=report.message,
+            )
+
+    async def _publish(
+        self,
+        report: binding.Report,
+        *,
+        action: wire.DecisionAction,
+        reason: str,
+        devices: tuple[int, ...] = (),
+        gpu_group: str | None = None,
+        queue: str | None = None,
+        cycle: int | None = None,
+    ) -> None:
+        if self._decisions is None:
+            return
+        await self._decisions.publish(
+            action=action,
+            namespace=report.pod.namespace,
+            name=report.pod.name,
+            uid=report.pod.uid,
+            node=report.node,
+            gpu_indices=devices,
+            gpu_group=gpu_group,
+            queue=queue,
+            reason=reason,
+            message=report.message,
+            cycle=self.cycle if cycle is None else cycle,
+        )

@@ -1,0 +1,97 @@
+"""Telling people why, after each cycle: PodGroup conditions, ``Unschedulable`` events, Queue status, queue metrics.
+
+A cycle never waits for the API, so its statuses are handed over here and written by a loop of their own; when the
+API is slow, a newer cycle's statuses simply replace the ones not yet written. PodGroup conditions and pod events
+follow every cycle (the writer skips what did not change); Queue status sums every running pod of the subtree, so it
+is written at most every ``QUEUE_STATUS_PERIOD_S``, with the per-queue fair-share metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from common import logs
+from scheduler.kube import statuswriter
+from scheduler.kube.errors import KubeError
+from scheduler.metrics import SchedulerMetrics
+from scheduler.objects.records import PodRecord
+from scheduler.placement import model, plan
+from scheduler.state import snapshot
+from scheduler.state.cache import ClusterState
+
+log = logs.get("scheduler")
+
+QUEUE_STATUS_PERIOD_S = 2.0
+"""Queue status sums every running pod of the subtree: written at most this often, not after every cycle."""
+
+
+class StatusReporter:
+    """Writes the newest cycle's statuses; ``run()`` until cancelled."""
+
+    def __init__(self, state: ClusterState, writer: statuswriter.StatusWriter, metrics: SchedulerMetrics) -> None:
+        self._state = state
+        self._writer = writer
+        self._metrics = metrics
+        self._due = asyncio.Event()
+        self._latest: tuple[snapshot.Built, plan.Plan] | None = None
+        self._queues_written_at = 0.0
+
+    def offer(self, built: snapshot.Built, result: plan.Plan) -> None:
+        """A cycle's outcome, to be written (it replaces one not yet written)."""
+        self._latest = (built, result)
+        self._due.set()
+
+    async def run(self) -> None:
+        """Writes the newest cycle's status; a cycle never waits for the API, and a slow API skips stale statuses."""
+        while True:
+            await self._due.wait()
+            self._due.clear()
+            try:
+                await self.write()
+            except KubeError as exc:
+                log.warning("status_write_failed", error=str(exc))
+
+    async def write(self) -> None:
+        if self._latest is None:
+            return
+        built, outcome = self._latest
+        state = self._state
+        pending_pods: dict[model.GroupId, list[PodRecord]] = {}
+        group_queues: dict[model.GroupId, str] = {}
+        for group_id in outcome.statuses:
+            group = built.snapshot.groups.get(group_id)
+            if group is None:
+                continue
+            group_queues[group_id] = str(group.queue)
+            pending_pods[group_id] = [
+                state.pods[str(pod.uid)]
+                for pod in group.members
+                if pod.phase is model.PodPhase.PENDING and str(pod.uid) in state.pods
+            ]
+        issues = {issue.queue: issue for issue in built.queue_issues}
+        await self._writer.groups(outcome.statuses, built.podgroups, pending_pods, issues, group_queues)
+        await self._writer.pod_issues(built.pod_issues, state.pods)
+        now = time.monotonic()
+        if now - self._queues_written_at < QUEUE_STATUS_PERIOD_S:
+            self._due.set()  # come back for the queues once the period is over
+            await asyncio.sleep(QUEUE_STATUS_PERIOD_S - (now - self._queues_written_at))
+            return
+        self._queues_written_at = now
+        queue_status = statuswriter.queue_statuses(built.snapshot, built.queue_issues, sorted(state.queues))
+        await self._writer.queues(queue_status)
+        for name, share in outcome.queues.items():
+            current = queue_status.get(str(name))
+            queue = built.snapshot.queues.get(name)
+            if current is None or queue is None:
+                continue
+            self._metrics.set_queue(
+                str(name),
+                fair=share.fair,
+                deserved=share.deserved,
+                quota=statuswriter.quotas(queue),
+                limit=statuswriter.limits(queue),
+                allocated=current.allocated,
+                requested=current.requested,
+            )
+        self._metrics.forget_queues({str(name) for name in outcome.queues})
