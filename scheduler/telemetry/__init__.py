@@ -10,6 +10,11 @@ values the scheduler acts on:
 - ``staleness``: when a node's telemetry is too old to trust (``TelemetryStale``);
 - ``headroom``: the peak of used memory per device over a short window, the engine's measured view of a ``Device``.
 
-Everything here is pure: no asyncio, no I/O, no clock (the time is an argument, in nanoseconds), no vendor library.
-The consumer that follows NATS, the metrics, Events and ``Alert`` publishing wire these values up.
+These are pure: no asyncio, no I/O, no clock (the time is an argument, in nanoseconds), no vendor library; the
+detector proper is ``detector``, its vocabulary (what it reads and decides) ``overuse``.
+
+The package also holds the parts around them, each in its own layer: ``feed`` follows the agents' NATS streams (an
+edge, like ``scheduler.kube``); ``views`` builds the detector's view of a node from the cluster state, ``live`` runs
+the analysis per sample, and ``loop`` is the leader's task that takes the feed's newest samples to the analysis and
+its decisions to alerts, evictions, metrics and the cycle (composition).
 """
