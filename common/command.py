@@ -1,11 +1,11 @@
 """What every long-running ``quotient`` subcommand does around its own work: one preamble, written once.
 
-Settings from flags, environment and file (``common.config``), a configuration error printed as
-``quotient NAME: message`` with exit status 2, logging set up from ``--log-level``/``--log-format``, the service run
-on uvloop until it returns or SIGTERM/SIGINT cancels it (so its ``finally`` blocks close connections and servers),
-and a ``QuotientError`` that escapes it logged as one event (``scheduler_failed``) with exit status 1. The exit
-statuses are what process supervisors and the tests read: 0 done or stopped, 1 failed while running, 2 refused to
-start.
+Settings from flags, environment and file (``common.config``); a configuration error printed as ``quotient NAME:
+message`` with exit status 2, and so is a service that refuses to start (a port in use, a certificate that cannot be
+made); logging set up from ``--log-level``/``--log-format``; the service run on uvloop until it returns or
+SIGTERM/SIGINT cancels it (so its ``finally`` blocks close connections and servers); and a ``QuotientError`` that
+escapes it logged as one event (``scheduler_failed``) with exit status 1. The exit statuses are what process
+supervisors and the tests read: 0 done or stopped, 1 failed while running, 2 refused to start.
 
 uvloop is imported here and nowhere else.
 """
@@ -68,6 +68,10 @@ def run_service(
     logs.setup(level=str(values.get("log_level") or "info"), fmt=str(values.get("log_format") or "logfmt"))
     try:
         run_until_signalled(serve(prepared))
+    except ConfigError as exc:
+        # Refused while starting (a port in use, a certificate that cannot be made): one line, as for a bad flag.
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
     except QuotientError as exc:
         name = prog.rsplit(" ", 1)[-1].replace("-", "_")
         logs.get(name).error(f"{name}_failed", error=str(exc))

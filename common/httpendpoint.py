@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 from collections.abc import Callable, Mapping
 
 from common import logs
+from common.errors import ConfigError
 
 log = logs.get("http")
 
@@ -42,9 +44,10 @@ Route = Callable[[], Response]
 class HttpEndpoint:
     """Serves ``routes`` (path -> function returning a Response) on ``host:port``; port 0 picks a free one."""
 
-    def __init__(self, *, host: str, port: int, routes: Mapping[str, Route]) -> None:
+    def __init__(self, *, host: str, port: int, routes: Mapping[str, Route], flag: str = "the port") -> None:
         self._host = host
         self._port = port
+        self._flag = flag
         self._routes = dict(routes)
         self._server: asyncio.Server | None = None
 
@@ -55,7 +58,12 @@ class HttpEndpoint:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self._host, self._port)
+        """Listen; raises ``ConfigError`` naming the flag when the address cannot be used (a port in use)."""
+        try:
+            self._server = await asyncio.start_server(self._handle, self._host, self._port)
+        except OSError as exc:
+            reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)  # asyncio's own text repeats the address
+            raise ConfigError(f"{self._flag}: cannot listen on {self._host}:{self._port}: {reason}") from exc
         log.info("http_listening", host=self._host, port=self.port, paths=",".join(sorted(self._routes)))
 
     async def close(self) -> None:

@@ -1,6 +1,6 @@
 """Background tasks with owners: a failure is logged at once, and an owner can drain or cancel what it started.
 
-Two shapes of concurrency recur in every process of Quotient:
+Three shapes of concurrency recur in the processes of Quotient:
 
 - long-lived loops that run for the life of their component, inside an ``asyncio.TaskGroup``. A TaskGroup reports a
   member's failure only when the group exits, which for a service is never; :func:`guard` logs the failure the
@@ -10,15 +10,20 @@ Two shapes of concurrency recur in every process of Quotient:
   their result, so an exception would surface only as "Task exception was never retrieved" at garbage collection.
   :class:`TaskSet` keeps a strong reference to each (the event loop keeps only weak ones), logs a failure at once,
   and lets the owner ``drain`` them (tests, a graceful stop) or ``cancel`` them (losing leadership).
+- long-lived loops of a service that must outlive their own bugs: :func:`supervise` runs one, and when it fails,
+  logs the failure, reports it (a metric) and starts it again after a capped backoff, so one bad object or one bug in
+  one loop never stops the service.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+import time
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from common import logs
+from common.backoff import Backoff
 
 log = logs.get("tasks")
 
@@ -34,11 +39,57 @@ async def guard(work: Coroutine[Any, Any, None], *, name: str) -> None:
         raise
 
 
+OnFailure = Callable[[str, BaseException], None]
+"""Told of every failure a helper caught: the task's name and its exception (e.g. to count it in a metric)."""
+
+_RESTART = Backoff(base_s=0.5, cap_s=30.0)
+
+
+async def supervise(
+    work: Callable[[], Coroutine[Any, Any, None]],
+    *,
+    name: str,
+    on_failure: OnFailure | None = None,
+    backoff: Backoff = _RESTART,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> None:
+    """Run ``work()`` until it returns or the caller is cancelled; when it fails, log and report the failure and run
+    it again after a backoff that grows while it keeps failing fast (a run longer than the backoff's cap resets it)."""
+    failures = 0
+    while True:
+        started = monotonic()
+        try:
+            await work()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if monotonic() - started > backoff.cap_s:
+                failures = 0
+            delay_s = backoff.delay_s(failures)
+            failures += 1
+            log.exception("task_failed_restarting", task=name, restart_in_s=round(delay_s, 2))
+            _tell(on_failure, name, exc)
+        await sleep(delay_s)
+
+
+def _tell(on_failure: OnFailure | None, name: str, exc: BaseException) -> None:
+    """Report a failure; a report that fails itself is logged, never raised (it would stop what it reports on)."""
+    if on_failure is None:
+        return
+    try:
+        on_failure(name, exc)
+    except Exception:
+        log.exception("failure_report_failed", task=name)
+
+
 class TaskSet:
     """The fire-and-forget tasks of one component. Not thread-safe: use it from its event loop only."""
 
-    def __init__(self, owner: str) -> None:
+    def __init__(self, owner: str, *, on_failure: OnFailure | None = None) -> None:
         self._owner = owner
+        self._on_failure = on_failure
         self._tasks: set[asyncio.Task[None]] = set()
 
     def __len__(self) -> int:
@@ -56,8 +107,9 @@ class TaskSet:
             await work
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as exc:
             log.exception("task_failed", owner=self._owner, task=name)
+            _tell(self._on_failure, name, exc)
 
     async def drain(self) -> None:
         """Wait until every task has ended, including tasks spawned while waiting."""

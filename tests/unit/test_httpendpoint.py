@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Mapping
 import pytest
 
 from common import httpendpoint
+from common.errors import ConfigError
 from common.httpendpoint import HttpEndpoint, Response, Route
 
 
@@ -210,3 +211,10 @@ async def test_a_closed_endpoint_refuses_connections_and_closes_twice_quietly() 
     await server.close()
     with pytest.raises(OSError):
         await asyncio.open_connection("127.0.0.1", port)
+
+
+async def test_a_port_in_use_is_a_config_error_that_names_the_flag(endpoint: HttpEndpoint) -> None:
+    second = HttpEndpoint(host="127.0.0.1", port=endpoint.port, routes=ROUTES, flag="--metrics-port")
+    with pytest.raises(ConfigError) as raised:
+        await second.start()
+    assert str(raised.value) == f"--metrics-port: cannot listen on 127.0.0.1:{endpoint.port}: address already in use"

@@ -8,6 +8,7 @@ import logging
 import pytest
 
 from common import tasks
+from common.backoff import Backoff
 
 
 async def test_a_guarded_failure_is_logged_at_once_and_still_raised(caplog: pytest.LogCaptureFixture) -> None:
@@ -93,3 +94,59 @@ async def test_cancel_ends_every_task() -> None:
     await owned.cancel()
     assert sorted(cancelled) == ["a", "b"]
     assert len(owned) == 0
+
+
+async def test_a_supervised_loop_that_fails_is_reported_and_started_again_after_a_growing_backoff() -> None:
+    runs: list[int] = []
+    waits: list[float] = []
+    reported: list[tuple[str, str]] = []
+
+    async def loop() -> None:
+        runs.append(len(runs))
+        if len(runs) < 3:
+            raise RuntimeError(f"bug {len(runs)}")
+
+    async def sleep(delay_s: float) -> None:
+        waits.append(delay_s)
+
+    await tasks.supervise(
+        loop,
+        name="cycles",
+        on_failure=lambda name, exc: reported.append((name, str(exc))),
+        backoff=Backoff(base_s=0.5, cap_s=30.0, min_fraction=1.0),
+        sleep=sleep,
+        monotonic=lambda: 0.0,
+    )
+    assert runs == [0, 1, 2]
+    assert waits == [0.5, 1.0]
+    assert reported == [("cycles", "bug 1"), ("cycles", "bug 2")]
+
+
+async def test_a_failing_failure_report_never_stops_the_supervised_loop() -> None:
+    runs: list[int] = []
+
+    async def loop() -> None:
+        runs.append(1)
+        if len(runs) == 1:
+            raise RuntimeError("bug")
+
+    def broken(name: str, exc: BaseException) -> None:
+        raise ValueError("the metric is broken too")
+
+    async def sleep(delay_s: float) -> None:
+        return None
+
+    await tasks.supervise(loop, name="loop", on_failure=broken, sleep=sleep)
+    assert runs == [1, 1]
+
+
+async def test_a_task_set_reports_each_failure_to_its_owner() -> None:
+    reported: list[str] = []
+    owned = tasks.TaskSet("binder", on_failure=lambda name, exc: reported.append(f"{name}: {exc}"))
+
+    async def broken() -> None:
+        raise KeyError("gone")
+
+    owned.spawn(broken(), name="bind")
+    await owned.drain()
+    assert reported == ["bind: 'gone'"]
