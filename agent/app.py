@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 from agent.gpus.probe import GpuProbe
@@ -96,23 +96,29 @@ def build_probe(values: dict[str, object]) -> tuple[GpuProbe, Path]:
     return fake.probe, fake.proc_root
 
 
+def nats_bus(values: Mapping[str, object], *, node: str, on_reconnect: Callable[[], Awaitable[None]]) -> NatsBus:
+    """The agent's NATS connection, and the one place that says how an agent authenticates: with the agent role's
+    nkey seed where one is given (``--nats-nkey-seed``), else as the server admits anonymous clients."""
+    seed = values["nats_nkey_seed"]
+    return NatsBus(
+        servers=str(values["nats"]),
+        name=f"quotient-agent-{node}",
+        nkey_seed=Path(str(seed)) if seed is not None else None,
+        on_reconnect=on_reconnect,
+    )
+
+
 async def serve(values: dict[str, object]) -> None:
     node = str(values["node"])
     probe, proc_root = build_probe(values)
     metrics = AgentMetrics(node=node, dcgm_names=bool(values["dcgm_names"]))
-    seed = values["nats_nkey_seed"]
     loop_ref: list[AgentLoop] = []
 
     async def reconnected() -> None:
         if loop_ref:
             await loop_ref[0].on_reconnect()
 
-    bus = NatsBus(
-        servers=str(values["nats"]),
-        name=f"quotient-agent-{node}",
-        nkey_seed=Path(str(seed)) if seed is not None else None,
-        on_reconnect=reconnected,
-    )
+    bus = nats_bus(values, node=node, on_reconnect=reconnected)
     agent = AgentLoop(
         node=node,
         probe=probe,
@@ -128,6 +134,7 @@ async def serve(values: dict[str, object]) -> None:
         endpoint = HttpEndpoint(
             host=str(values["metrics_host"]),
             port=port,
+            flag="--metrics-port",
             routes={
                 "/metrics": lambda: Response(content_type=CONTENT_TYPE, body=metrics.render()),
                 "/healthz": lambda: Response(status=200 if agent.healthy() else 503, body=b"ok\n"),

@@ -111,6 +111,8 @@ class HealthTracker:
 
     - NVML unreachable: status ``unavailable`` until a sample succeeds.
     - A lost device: a ``gpu_lost`` problem until a sample includes that device again; all lost -> ``unavailable``.
+      The problem names the device's UUID as the last good sample (or the probe's event) gave it: a failed sample
+      says only which index stopped answering.
     - A critical Xid, or a rise in a device's uncorrectable ECC count: a problem held for ``hold_ns`` after it was
       last seen. Non-critical Xids (application faults) are not problems of the node.
     """
@@ -121,20 +123,28 @@ class HealthTracker:
         self._lost: dict[int, wire.HealthProblem] = {}
         self._held: dict[tuple[str, int | None, int | None], _Held] = {}
         self._ecc_seen: dict[int, int] = {}
+        self._uuids: dict[int, str] = {}
         self._device_count = 0
         self._published: tuple[wire.HealthStatus, tuple[wire.HealthProblem, ...]] | None = None
 
     def library_unavailable(self, message: str) -> None:
         self._unreachable = wire.HealthProblem(kind=wire.ProblemKind.NVML_UNREACHABLE, message=message[:1000])
 
-    def gpu_lost(self, index: int, message: str) -> None:
-        self._lost[index] = wire.HealthProblem(kind=wire.ProblemKind.GPU_LOST, gpu_index=index, message=message[:1000])
+    def gpu_lost(self, index: int, message: str, uuid: str | None = None) -> None:
+        self._lost[index] = wire.HealthProblem(
+            kind=wire.ProblemKind.GPU_LOST,
+            gpu_index=index,
+            gpu_uuid=uuid or self._uuids.get(index),
+            message=message[:1000],
+        )
 
     def sample_ok(self, sample: ProbeSample) -> None:
         self._unreachable = None
         self._device_count = max(self._device_count, len(sample.devices))
         for device in sample.devices:
             self._lost.pop(device.index, None)
+            if device.uuid:
+                self._uuids[device.index] = device.uuid
             if device.ecc_uncorrected is None:
                 continue
             before = self._ecc_seen.get(device.index)
@@ -155,7 +165,7 @@ class HealthTracker:
     def events(self, events: Sequence[HealthEvent], now_ns: int) -> None:
         for event in events:
             if event.kind == HealthKind.GPU_LOST and event.gpu_index is not None:
-                self.gpu_lost(event.gpu_index, event.message)
+                self.gpu_lost(event.gpu_index, event.message, event.gpu_uuid)
             elif event.kind == HealthKind.NVML_UNREACHABLE:
                 self.library_unavailable(event.message)
             elif event.critical:

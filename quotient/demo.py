@@ -1,8 +1,10 @@
 """``quotient demo``: the product on the embedded default, on one machine, in about two minutes.
 
 What it starts (all on 127.0.0.1, all stopped on exit): a real ``nats-server``; the Kubernetes API emulator with the
-demo cluster (``examples/clusters/demo.yaml``: two A100 nodes, an L4 node, a CPU node); emulated GPU nodes, the real
-agent over fake GPUs, which run the processes of the pods the emulated kubelets start; and the real scheduler as
+demo cluster (``examples/clusters/demo.yaml``: two A100 nodes, an L4 node, a CPU node); emulated GPU nodes, which
+run the processes of the pods the emulated kubelets start, each measured by its own ``quotient agent`` process through
+pynvml over the mock NVML driver (``quotient.nvmlmock``; over ``FakeProbe`` in this process where no C compiler can
+build the mock, which the demo says; under ``CI=true`` the mock is required); and the real scheduler as
 its own process (``quotient scheduler``, serving ``quotient`` and ``kai-scheduler``). Then it applies the users'
 workflows (the seeds' queues and pods from ``../shared/seeds``, else ``deploy/examples``) and plays a scenario: a
 gang that does not fit and binds when a GPU frees, a pod with an invalid ``gpu-fraction``, a GPU's Xid error, NATS
@@ -34,6 +36,7 @@ from quotient import demo_scenario, demo_view
 from quotient.emulator.emulator import Emulator, EmulatorConfig
 from quotient.nodes import EmulatedNodes
 from quotient.nodes_runtime import GpuNodesRuntime
+from quotient.nvmlmock import build
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,13 +46,28 @@ class Step:
     action: Callable[[], Any]
 
 
+def nvml_mock(out: Callable[[str], None]) -> build.MockLibrary | None:
+    """The mock NVML driver the emulated nodes' agents run over, built (or found cached) now. Without a C compiler
+    (or the header) the agents run over ``FakeProbe`` instead, said once; under ``CI=true`` the mock is required."""
+    built = build.build()
+    if isinstance(built, build.MockLibrary):
+        return built
+    if os.environ.get("CI", "").lower() == "true":
+        raise QuotientError(f"the mock NVML driver is required under CI=true and cannot be built: {built.reason}")
+    out(f"no mock NVML driver ({built.reason}): the emulated nodes' agents run over FakeProbe in this process")
+    return None
+
+
 async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Callable[[str], None]) -> int:
     spec = clusterspec.load(demo_scenario.DEFAULT_SPEC)
+    library = nvml_mock(out)  # before anything starts: under CI=true its absence ends the demo here
     workdir = tempfile.TemporaryDirectory(prefix="quotient-demo-")
     nats = NatsServer().start()
     emulator = Emulator(spec, config=EmulatorConfig(scripted_pods=True))
     await emulator.start()
-    nodes = EmulatedNodes(spec, nats_url=nats.url, interval_s=interval_s)
+    nodes = EmulatedNodes(
+        spec, nats_url=nats.url, interval_s=interval_s, nvml_mock=library, workdir=Path(workdir.name) / "nodes"
+    )
     runtime = GpuNodesRuntime(nodes)
     for name in nodes.fakes:
         emulator.add_runtime(runtime, node=name)
@@ -200,7 +218,7 @@ async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Cal
             f"\ndemo finished: {len(bound)} pods bound (the 4-worker gang {gang_state}), "
             f"{telemetry.counts.get('telemetry', 0)} telemetry and {telemetry.counts.get('health', 0)} health "
             f"messages received, {len(telemetry.alerts)} alerts, {telemetry.undecodable} undecodable; "
-            "everything stopped."
+            f"agents: {nodes.probe_description}; everything stopped."
         )
         return 0 if ok else 1
     finally:

@@ -74,7 +74,8 @@ def render(emulator: Emulator, telemetry: Telemetry, *, elapsed_s: float, notes:
         f"{'POD':<54} {'QUEUE':<13} {'STATUS':<9} {'NODE':<7} {'GPU':<16} WHY (for pending pods)",
     ]
     lines += [_pod_line(emulator, pod, groups) for pod in pods if meta_of(pod).get("namespace") != "kube-system"]
-    lines += ["", "GPU telemetry as a NATS subscriber receives it (pod names resolved from the pods' UIDs):"]
+    drivers = ", ".join(sorted({str(m.get("driver_version")) for m in telemetry.nodes.values()})) or "?"
+    lines += ["", f"GPU telemetry as a NATS subscriber receives it (driver {drivers}; pod names from the pods' UIDs):"]
     for node in sorted(telemetry.nodes):
         message = telemetry.nodes[node]
         status = (telemetry.health.get(node) or {}).get("status", "?")

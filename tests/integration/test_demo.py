@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from quotient.nvmlmock import build
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,4 +42,15 @@ def test_the_demo_plays_its_scenario_and_exits_zero_leaving_no_process_behind() 
         leftovers = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.strip()
         assert leftovers == "", f"a process of the demo outlived it: {pattern}"
     assert not Path(f"/proc/{scheduler_pid}").exists(), "the demo's scheduler outlived it"
+    # Which probe the agents used: one agent process per node through pynvml over the mock NVML driver wherever the
+    # mock can be built (under CI=true it must be), else FakeProbe in the demo's process, said once.
+    mock = build.build()
+    if isinstance(mock, build.MockLibrary):
+        agents = re.search(r"agents: 3 agent processes \(pids ([\d,]+)\) through pynvml over the mock NVML driver", out)
+        assert agents is not None, out[-2000:]
+        assert f"driver {mock.profile.driver_version}" in out  # the telemetry's driver version, as a reader sees it
+        for pid in agents.group(1).split(","):
+            assert not Path(f"/proc/{pid}").exists(), f"the demo's agent process {pid} outlived it"
+    else:
+        assert out.count("no mock NVML driver") == 1 and "agents in one process over FakeProbe" in out
     assert not Path(workdir).exists(), "the demo left its temporary directory behind"

@@ -1,5 +1,9 @@
 """NvmlProbe against a scripted NVML: pynvml's own functions patched to return pynvml's own structures and raise its
-own error classes, so the adapter is tested against the library's real shapes without a GPU.
+own error classes, so the adapter's decisions are tested one by one, fast and without a GPU.
+
+What patching cannot reach (pynvml's ctypes calls into ``libnvidia-ml.so.1``, the versioned symbols older drivers
+lack, the versioned structs, NVML's return codes, events from ``nvmlEventSetWait``) is tested against the mock driver
+library of each driver profile: ``tests/integration/test_nvml_mock.py`` and ``test_agent_nvml_mock.py``.
 
 ``NvmlWorld`` is also used by ``test_probe_contract.py``.
 """

@@ -205,7 +205,9 @@ def test_a_lost_gpu_degrades_the_node_until_a_sample_includes_it_again() -> None
     status, problems = tracker.current(T0)
     assert status == wire.HealthStatus.DEGRADED
     assert problems == (
-        wire.HealthProblem(kind=wire.ProblemKind.GPU_LOST, gpu_index=1, message="GPU 1 stopped answering"),
+        wire.HealthProblem(
+            kind=wire.ProblemKind.GPU_LOST, gpu_index=1, gpu_uuid="GPU-0001", message="GPU 1 stopped answering"
+        ),
     )
     tracker.sample_ok(sample(device(0), device(1)))
     assert tracker.current(T0) == (wire.HealthStatus.HEALTHY, ())
@@ -219,6 +221,16 @@ def test_every_gpu_lost_makes_the_node_unavailable() -> None:
     status, problems = tracker.current(T0)
     assert status == wire.HealthStatus.UNAVAILABLE
     assert [problem.gpu_index for problem in problems] == [0, 1]
+
+
+def test_a_lost_gpu_names_its_uuid_from_the_probes_event_or_else_from_the_last_good_sample() -> None:
+    tracker = sampling.HealthTracker()
+    tracker.gpu_lost(0, "lost")  # nothing sampled yet: the index is all there is
+    tracker.events([probe.gpu_lost_event(gpu_index=1, gpu_uuid="GPU-from-event", message="lost")], T0)
+    assert [(p.gpu_index, p.gpu_uuid) for p in tracker.current(T0)[1]] == [(0, None), (1, "GPU-from-event")]
+    tracker.sample_ok(sample(device(0), device(1)))
+    tracker.gpu_lost(1, "GPU 1 is lost while sampling")  # a failed sample names only the index
+    assert [(p.gpu_index, p.gpu_uuid) for p in tracker.current(T0)[1]] == [(1, "GPU-0001")]
 
 
 def test_a_lost_gpu_before_any_sample_is_degraded_since_the_device_count_is_unknown() -> None:
