@@ -166,6 +166,18 @@ WEBHOOK_SETTINGS: tuple[Setting[object], ...] = (
         help="the MutatingWebhookConfiguration whose caBundle is kept",
     ),
     Setting(
+        name="webhook_queue_configuration",
+        parse=config.parse_str,
+        default="quotient-queue-validation",
+        help="the ValidatingWebhookConfiguration of the queue webhook whose caBundle is kept",
+    ),
+    Setting(
+        name="queue_parent_must_exist",
+        parse=config.parse_bool,
+        default=False,
+        help="refuse a Queue whose parent queue does not exist (KAI's --enable-quota-validation)",
+    ),
+    Setting(
         name="webhook_cert_validity",
         parse=config.parse_positive_duration_s,
         default=365 * 24 * 3600.0,
@@ -195,6 +207,8 @@ def webhook_settings_from(values: Mapping[str, object]) -> webhook.WebhookSettin
         service=str(values["webhook_service"]),
         namespace=str(values["webhook_namespace"]),
         configuration=str(values["webhook_configuration"]),
+        queue_configuration=str(values["webhook_queue_configuration"]),
+        queue_parent_must_exist=bool(values["queue_parent_must_exist"]),
         cert_validity_s=float(str(values["webhook_cert_validity"])),
         upkeep_interval_s=float(str(values["webhook_upkeep_interval"])),
     )

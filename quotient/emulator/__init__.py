@@ -5,13 +5,14 @@ the official ``kubernetes`` client and ``kubectl``, as against a cluster. Module
 
 - ``emulator``: the assembled emulator (``Emulator``, ``EmulatorThread``) and its test hooks; ``app``: the
   ``quotient emulator`` command; ``cluster``: what a fresh cluster holds (nodes from the cluster spec, namespaces,
-  priority classes, KAI's default queues).
+  priority classes, ``deploy/``'s CRDs, KAI's default queues).
 - ``server`` (HTTP, dispatch, watches on the wire), ``routing`` (the URL scheme, verbs, bodies, responses),
   ``views`` (JSON, Table, metadata), ``tables`` and ``printers`` (``kubectl get`` columns), ``discovery``,
   ``openapi``, ``protobuf`` (the few protobuf bodies kubectl sends), ``testhooks`` (the hooks over HTTP).
-- ``api`` (the semantics of each verb), ``deletion``, ``binding`` (``pods/binding``), ``crds``, ``naming``
-  (generated names), ``defaulting``, ``validation``, ``admission`` (webhooks), ``patches``, ``selectors``,
-  ``status`` (Failure values and Status bodies), ``conversions``.
+- ``api`` (the semantics of each verb), ``identity`` (a body checked against its request), ``deletion``,
+  ``binding`` (``pods/binding``), ``crds``, ``schemas`` (custom resources against their CRD's structural schema),
+  ``naming`` (generated names), ``defaulting``, ``validation``, ``admission`` (webhooks), ``patches``,
+  ``selectors``, ``status`` (Failure values and Status bodies), ``conversions``.
 - ``store`` (objects, the global resourceVersion, history), ``watching`` (fan-out), ``objects``, ``kinds``.
 - ``controllers`` (the work queue, garbage collection, namespaces), ``workloads`` (Deployment, ReplicaSet, Job),
   ``training`` (PyTorchJob); ``kubelets`` (pods' lifecycle), ``deviceplugin`` (GPU allocation), ``nodefit``

@@ -3,11 +3,12 @@
 As a real API server does, on each create or update that a webhook's rules, namespace selector and object selector
 match, it POSTs an ``admission.k8s.io/v1`` ``AdmissionReview`` over HTTPS, trusting only the configuration's
 ``caBundle``, and applies the returned JSONPatch or rejects the request with the webhook's message ("admission
-webhook "x" denied the request: ..."). A webhook that cannot be reached fails the request with 500 unless its
-``failurePolicy`` is ``Ignore``. A ``service`` client config is routed to an address the test or the demo gives
-(``route_service``), while the TLS server name stays ``<service>.<namespace>.svc`` so the certificate is checked
-as in a cluster. Mutating webhooks run in the order of their configurations' names, each seeing the previous
-one's result; the request carries no name when the object has only ``generateName``, as in a real cluster.
+webhook "x" denied the request: ..."), passing the webhook's warnings on to the client. A webhook that cannot be
+reached fails the request with 500 unless its ``failurePolicy`` is ``Ignore``. A ``service`` client config is
+routed to an address the test or the demo gives (``route_service``), while the TLS server name stays
+``<service>.<namespace>.svc`` so the certificate is checked as in a cluster. Mutating webhooks run in the order of
+their configurations' names, each seeing the previous one's result; the request carries no name when the object
+has only ``generateName``, as in a real cluster.
 """
 
 from __future__ import annotations
@@ -71,27 +72,29 @@ class Webhooks:
             await self._session.close()
             self._session = None
 
-    async def mutate(self, attributes: Attributes) -> Obj | status.Failure:
-        """The object after every matching mutating webhook (the input when none matches)."""
+    async def mutate(self, attributes: Attributes, warnings: list[str] | None = None) -> Obj | status.Failure:
+        """The object after every matching mutating webhook (the input when none matches); the webhooks' warnings
+        are appended to ``warnings``."""
         obj = attributes.obj
         assert obj is not None
         for config in self._store.objects(MUTATING):
             for hook in config.get("webhooks") or []:
                 if not isinstance(hook, dict) or not self._matches(hook, dataclasses.replace(attributes, obj=obj)):
                     continue
-                outcome = await self._call(hook, dataclasses.replace(attributes, obj=obj), mutating=True)
+                outcome = await self._call(hook, dataclasses.replace(attributes, obj=obj), True, warnings)
                 if isinstance(outcome, status.Failure):
                     return outcome
                 if outcome is not None:
                     obj = outcome
         return obj
 
-    async def validate(self, attributes: Attributes) -> status.Failure | None:
+    async def validate(self, attributes: Attributes, warnings: list[str] | None = None) -> status.Failure | None:
+        """The first refusal of a matching validating webhook, or None; their warnings go into ``warnings``."""
         for config in self._store.objects(VALIDATING):
             for hook in config.get("webhooks") or []:
                 if not isinstance(hook, dict) or not self._matches(hook, attributes):
                     continue
-                outcome = await self._call(hook, attributes, mutating=False)
+                outcome = await self._call(hook, attributes, False, warnings)
                 if isinstance(outcome, status.Failure):
                     return outcome
         return None
@@ -122,7 +125,9 @@ class Webhooks:
 
     # Calling
 
-    async def _call(self, hook: Obj, attributes: Attributes, *, mutating: bool) -> Obj | status.Failure | None:
+    async def _call(
+        self, hook: Obj, attributes: Attributes, mutating: bool, warnings: list[str] | None
+    ) -> Obj | status.Failure | None:
         name = str(hook.get("name", ""))
         try:
             response = await self._post(hook, attributes)
@@ -131,6 +136,10 @@ class Webhooks:
                 log.warning("webhook_ignored", webhook=name, error=str(exc))
                 return None
             return status.internal(f'failed calling webhook "{name}": {exc}')
+        given = response.get("warnings")
+        if warnings is not None and isinstance(given, list):
+            # The API server passes a webhook's warnings on to the client, allowed or not (kubectl prints both).
+            warnings.extend(str(text) for text in given if text)
         if not response.get("allowed"):
             return _denied(name, response.get("status"))
         patch = response.get("patch")

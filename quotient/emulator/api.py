@@ -5,9 +5,12 @@ creates passes the same defaults, admission and validation as one ``kubectl`` cr
 store (and thus in every watch) the same way. Outcomes a client must handle are values: each call returns the
 object or a ``Failure`` (404, 409, 422, ...), which the HTTP layer renders as a ``Status``.
 
-The order of a create follows the API server: defaults, built-in admission (priority, tolerations, service
+The order of a create follows the API server: a custom resource pruned to its CRD's schema (``schemas``: field
+validation refuses or warns of what is dropped), defaults, built-in admission (priority, tolerations, service
 account), mutating webhooks, defaults again, then the name from ``generateName`` with a UID and timestamps, then
-validation, validating webhooks, and the store. Updates check ``metadata.resourceVersion`` (409 Conflict when stale,
+validation (a custom resource's against its schema too), validating webhooks, and the store. Warnings for the client
+(dropped fields, webhooks' warnings) go into the caller's ``schemas.Writing``; the HTTP layer sends them as ``Warning``
+headers. Updates check ``metadata.resourceVersion`` (409 Conflict when stale,
 which leader election relies on), keep what the caller may not change (status through the main resource, spec
 through ``/status``, the object's identity), bump ``generation`` on spec changes, and store nothing when nothing
 changed. Deletion (``deletion.py``) and the binding subresource (``binding.py``) have modules of their own.
@@ -21,7 +24,19 @@ from collections.abc import Callable
 from typing import Any
 
 from common import names
-from quotient.emulator import binding, conversions, crds, defaulting, naming, patches, selectors, status, validation
+from quotient.emulator import (
+    binding,
+    conversions,
+    crds,
+    defaulting,
+    identity,
+    naming,
+    patches,
+    schemas,
+    selectors,
+    status,
+    validation,
+)
 from quotient.emulator.admission import Attributes, Webhooks
 from quotient.emulator.deletion import DeleteOptions, Deletion
 from quotient.emulator.kinds import Kind, Registry
@@ -95,67 +110,27 @@ class Api:
 
     # --- Create ---
 
-    def _stored_form(self, kind: Kind, body: Any, namespace: str) -> Obj | status.Failure:
-        """A request's object in the stored form, with its kind and namespace checked against the request's."""
-        if not isinstance(body, dict):
-            return status.bad_request("the body of the request must be a JSON object")
-        obj = conversions.to_storage(kind, body)
-        failure = self._check_identity(kind, obj, namespace)
-        return obj if failure is None else failure
-
-    def _check_identity(self, kind: Kind, obj: Obj, namespace: str) -> status.Failure | None:
-        api_version, kind_name = obj.get("apiVersion"), obj.get("kind")
-        storage_kind = kind
-        if kind.api_version == conversions.EVENTS_V1:
-            storage_kind = self.registry.by_gvk("v1", "Event") or kind
-        if api_version and api_version != storage_kind.api_version:
-            return status.bad_request(
-                f"the API version in the data ({api_version}) does not match the expected API version "
-                f"({kind.api_version})"
-            )
-        if kind_name and kind_name != kind.kind:
-            return status.bad_request(
-                f"the kind in the data ({kind_name}) does not match the expected kind ({kind.kind})"
-            )
-        obj["apiVersion"], obj["kind"] = storage_kind.api_version, kind.kind
-        meta = obj.get("metadata")
-        if meta is None:
-            meta = obj["metadata"] = {}
-        if not isinstance(meta, dict):
-            return status.bad_request("metadata must be an object")
-        if kind.namespaced:
-            given = meta.get("namespace")
-            if given and given != namespace:
-                return status.bad_request(
-                    "the namespace of the provided object does not match the namespace sent on the request"
-                )
-            meta["namespace"] = namespace
-        else:
-            meta.pop("namespace", None)
-        return None
-
-    def _check_namespace(self, kind: Kind, namespace: str, name: str) -> status.Failure | None:
-        if not kind.namespaced:
-            return None
-        found = self.store.get("namespaces", "", namespace)
-        if found is None:
-            return status.not_found("namespaces", namespace)
-        if is_deleting(found):
-            return status.forbidden(
-                kind.plural,
-                name,
-                f"unable to create new content in namespace {namespace} because it is being terminated",
-                group=kind.group,
-            )
-        return None
-
-    async def create(self, kind: Kind, namespace: str, body: Any, *, dry_run: bool = False) -> Obj | status.Failure:
+    async def create(
+        self,
+        kind: Kind,
+        namespace: str,
+        body: Any,
+        *,
+        dry_run: bool = False,
+        writing: schemas.Writing | None = None,
+    ) -> Obj | status.Failure:
         """Create an object; takes ownership of ``body`` (a fresh dict)."""
-        obj = self._stored_form(kind, body, namespace)
+        writing = writing or schemas.Writing()
+        obj = identity.stored_form(kind, body, namespace, self.registry)
+        if isinstance(obj, status.Failure):
+            return obj
+        obj = schemas.pruned(kind, obj, writing)
         if isinstance(obj, status.Failure):
             return obj
         meta = obj["metadata"]
-        failure = self._check_namespace(kind, namespace, str(meta.get("name") or meta.get("generateName") or ""))
+        failure = identity.check_namespace(
+            self.store, kind, namespace, str(meta.get("name") or meta.get("generateName") or "")
+        )
         if failure is not None:
             return failure
         for field in _SYSTEM_FIELDS:
@@ -168,10 +143,12 @@ class Api:
             if failure is not None:
                 return failure
         if self.webhooks.configured():
-            mutated = await self.webhooks.mutate(self._attributes(kind, "CREATE", obj, None, dry_run))
+            mutated = await self.webhooks.mutate(self._attributes(kind, "CREATE", obj, None, dry_run), writing.warnings)
             if isinstance(mutated, status.Failure):
                 return mutated
             obj = conversions.to_storage(kind, mutated)
+            if kind.schema is not None:
+                obj = schemas.prune(kind.schema, obj).obj
             meta = obj.setdefault("metadata", {})
             defaulting.apply(kind.storage, obj)
         if not meta.get("name") and meta.get("generateName"):
@@ -187,10 +164,13 @@ class Api:
             defaulting.job_selector(obj)
         causes = validation.check_metadata(kind.storage, obj, namespaced=kind.namespaced)
         causes += validation.check_create(kind.storage, obj)
+        if kind.schema is not None:
+            causes += schemas.validate(kind.schema, obj)
         if causes:
             return status.invalid(kind.kind, name, causes, group=kind.group)
         if self.webhooks.configured():
-            failure = await self.webhooks.validate(self._attributes(kind, "CREATE", obj, None, dry_run))
+            attributes = self._attributes(kind, "CREATE", obj, None, dry_run)
+            failure = await self.webhooks.validate(attributes, writing.warnings)
             if failure is not None:
                 return failure
         if self.store.get(kind.storage, meta.get("namespace", ""), name) is not None:
@@ -222,12 +202,20 @@ class Api:
     # --- Update and patch ---
 
     async def update(
-        self, kind: Kind, namespace: str, name: str, body: Any, *, subresource: str = "", dry_run: bool = False
+        self,
+        kind: Kind,
+        namespace: str,
+        name: str,
+        body: Any,
+        *,
+        subresource: str = "",
+        dry_run: bool = False,
+        writing: schemas.Writing | None = None,
     ) -> Obj | status.Failure:
         current = self.store.get(kind.storage, namespace if kind.namespaced else "", name)
         if current is None:
             return status.not_found(kind.plural, name, group=kind.group)
-        new = self._stored_form(kind, body, namespace)
+        new = identity.stored_form(kind, body, namespace, self.registry)
         if isinstance(new, status.Failure):
             return new
         given = metadata(new).get("name")
@@ -240,7 +228,9 @@ class Api:
                 [status.invalid_value("metadata.resourceVersion", 0, "must be specified for an update")],
                 group=kind.group,
             )
-        return await self._update(kind, current, new, subresource=subresource, dry_run=dry_run)
+        return await self._update(
+            kind, current, new, subresource=subresource, dry_run=dry_run, writing=writing or schemas.Writing()
+        )
 
     async def patch(
         self,
@@ -252,6 +242,7 @@ class Api:
         *,
         subresource: str = "",
         dry_run: bool = False,
+        writing: schemas.Writing | None = None,
     ) -> Obj | status.Failure:
         current = self.store.get(kind.storage, namespace if kind.namespaced else "", name)
         if current is None:
@@ -261,13 +252,22 @@ class Api:
         )
         if isinstance(patched, status.Failure):
             return patched
-        new = self._stored_form(kind, patched, namespace)
+        new = identity.stored_form(kind, patched, namespace, self.registry)
         if isinstance(new, status.Failure):
             return new
-        return await self._update(kind, current, new, subresource=subresource, dry_run=dry_run)
+        return await self._update(
+            kind, current, new, subresource=subresource, dry_run=dry_run, writing=writing or schemas.Writing()
+        )
 
     async def _update(
-        self, kind: Kind, current: Obj, new: Obj, *, subresource: str, dry_run: bool
+        self,
+        kind: Kind,
+        current: Obj,
+        new: Obj,
+        *,
+        subresource: str,
+        dry_run: bool,
+        writing: schemas.Writing,
     ) -> Obj | status.Failure:
         name = str(metadata(current).get("name"))
         given_rv = metadata(new).get("resourceVersion")
@@ -296,20 +296,27 @@ class Api:
                 meta[field] = old_meta[field]
             else:
                 meta.pop(field, None)
+        pruned = schemas.pruned(kind, merged, writing)
+        if isinstance(pruned, status.Failure):
+            return pruned
+        merged = pruned
+        meta = merged.setdefault("metadata", {})
         if subresource != "status" and _spec_of(kind, merged) != _spec_of(kind, current):
             meta["generation"] = int(old_meta.get("generation") or 1) + 1
         causes = validation.check_metadata(kind.storage, merged, namespaced=kind.namespaced)
         if subresource != "status":
             causes += validation.check_update(kind.storage, merged, current)
+        if kind.schema is not None:
+            causes += schemas.validate(kind.schema, merged)
         if causes:
             return status.invalid(kind.kind, name, causes, group=kind.group)
         if self.webhooks.configured():
             attributes = self._attributes(kind, "UPDATE", merged, current, dry_run, subresource)
-            mutated = await self.webhooks.mutate(attributes)
+            mutated = await self.webhooks.mutate(attributes, writing.warnings)
             if isinstance(mutated, status.Failure):
                 return mutated
             merged = conversions.to_storage(kind, mutated)
-            failure = await self.webhooks.validate(dataclasses.replace(attributes, obj=mutated))
+            failure = await self.webhooks.validate(dataclasses.replace(attributes, obj=mutated), writing.warnings)
             if failure is not None:
                 return failure
             if self.store.get(kind.storage, meta.get("namespace", ""), name) is not current:

@@ -1,5 +1,6 @@
 """What a fresh emulated cluster holds before anyone writes: nodes from the cluster spec, the system namespaces,
-the system and KAI priority classes, and KAI's default queues; and the spec's scripted pods as pod objects.
+the system and KAI priority classes, Quotient's CRDs (with their schemas), and KAI's default queues; and the spec's
+scripted pods as pod objects.
 
 Nodes are registered as a kubelet and GPU Feature Discovery would register them: labels, taints, capacity and
 allocatable (``cpu``, ``memory``, ``pods``, ``nvidia.com/gpu``), ``Ready=True`` and the pressure conditions,
@@ -10,6 +11,9 @@ unlabelled pods have ``default-queue`` to go to and pods naming ``train`` or ``i
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
 
 from common import clusterspec, names, quantities
 from quotient.emulator.objects import Obj
@@ -104,6 +108,20 @@ def node_object(node: clusterspec.NodeSpec, index: int) -> Obj:
 
 def namespace_object(name: str) -> Obj:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+
+
+def crd_objects(directory: Path | None) -> list[Obj]:
+    """The CustomResourceDefinitions in ``directory`` (Quotient's install: ``deploy/base/crds``), so custom resources
+    are checked against the schemas a real cluster would have; none when there is no such directory (an installed
+    package without the repository's ``deploy/``)."""
+    if directory is None or not directory.is_dir():
+        return []
+    found = []
+    for path in sorted(directory.glob("*.yaml")):
+        for document in yaml.safe_load_all(path.read_text()):
+            if isinstance(document, dict) and document.get("kind") == "CustomResourceDefinition":
+                found.append(document)
+    return found
 
 
 def priority_class_objects() -> list[Obj]:

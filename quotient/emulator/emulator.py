@@ -44,6 +44,10 @@ log = logs.get("emulator")
 T = TypeVar("T")
 
 
+# Quotient's own CustomResourceDefinitions, as `kubectl apply -k deploy/base` installs them.
+DEPLOY_CRDS = Path(__file__).resolve().parents[2] / "deploy" / "base" / "crds"
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class EmulatorConfig:
     kubelet: KubeletConfig = dataclasses.field(default_factory=KubeletConfig)
@@ -52,6 +56,8 @@ class EmulatorConfig:
     default_queues: bool = True  # KAI's default-parent-queue and default-queue
     priority_classes: bool = True  # the system classes and KAI's train, build-preemptible, build, inference
     scripted_pods: bool = True  # create the cluster spec's pods at their arrival times
+    crds_from: Path | None = DEPLOY_CRDS
+    """The CRDs installed at start (their schemas check every Queue and PodGroup written through the API)."""
 
 
 class Emulator:
@@ -123,6 +129,9 @@ class Emulator:
     def _bootstrap(self) -> None:
         for name in (*cluster.SYSTEM_NAMESPACES, *cluster.namespaces_of(self.spec.pods)):
             self.seed(cluster.namespace_object(name))
+        for crd in cluster.crd_objects(self.config.crds_from):
+            crds.establish(crd, now=timestamp(self.clock()))
+            self.seed(crd)
         if self.config.priority_classes:
             for priority_class in cluster.priority_class_objects():
                 self.seed(priority_class)

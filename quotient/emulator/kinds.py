@@ -87,6 +87,10 @@ class Kind:
     builtin: bool = True
     verbs: tuple[str, ...] = ALL_VERBS
     storage_name: str = ""
+    schema: Obj | None = dataclasses.field(default=None, compare=False, repr=False)
+    """A custom kind's structural schema (its CRD version's ``openAPIV3Schema``): what ``schemas`` prunes,
+    defaults and validates its objects by. None: no schema, any fields (the built-in kinds, whose checks are in
+    ``validation``)."""
 
     @property
     def api_version(self) -> str:
@@ -339,9 +343,15 @@ def kinds_of_crd(crd: Obj) -> list[Kind]:
                 subresources=frozenset(str(name) for name in subresources),
                 printer_columns=columns,
                 builtin=False,
+                schema=_schema_of(version),
             )
         )
     return kinds
+
+
+def _schema_of(version: Obj) -> Obj | None:
+    schema = child(version, "schema").get("openAPIV3Schema")
+    return schema if isinstance(schema, dict) and schema else None
 
 
 def default_registry() -> Registry:

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from quotient.emulator import protobuf, selectors, status
+from quotient.emulator import protobuf, schemas, selectors, status
 from quotient.emulator.deletion import DeleteOptions
 from quotient.emulator.kinds import Kind
 from quotient.emulator.objects import Obj, encode
@@ -160,3 +160,17 @@ def object_response(
     if isinstance(chosen, status.Failure):
         chosen = View(kind=kind)
     return json_response(chosen.render(obj, now=now), code)
+
+
+def writing(request: web.Request) -> schemas.Writing:
+    """The request's ``fieldValidation`` (kubectl sends Strict; the server's default is Warn)."""
+    chosen = request.query.get("fieldValidation") or schemas.WARN
+    return schemas.Writing(field_validation=chosen if chosen in (schemas.STRICT, schemas.IGNORE) else schemas.WARN)
+
+
+def warned(response: web.Response, written: schemas.Writing) -> web.Response:
+    """Each warning as a ``Warning: 299 - "text"`` header (RFC 7234), which kubectl prints as ``Warning: text``."""
+    for text in dict.fromkeys(written.warnings):
+        escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+        response.headers.add("Warning", f'299 - "{escaped}"')
+    return response

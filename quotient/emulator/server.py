@@ -21,7 +21,17 @@ import yaml
 from aiohttp import web
 
 from common import logs
-from quotient.emulator import discovery, openapi, patches, routing, selectors, status, testhooks, views, watching
+from quotient.emulator import (
+    discovery,
+    openapi,
+    patches,
+    routing,
+    selectors,
+    status,
+    testhooks,
+    views,
+    watching,
+)
 from quotient.emulator.api import Api
 from quotient.emulator.faults import Faults
 from quotient.emulator.kinds import Kind, Registry
@@ -296,8 +306,9 @@ class Server:
         if target.subresource == "eviction":
             evicted = await self.api.evict(kind, target.namespace, target.name, body)
             return failure_response(evicted) if isinstance(evicted, status.Failure) else json_response(evicted, 201)
-        created = await self.api.create(kind, target.namespace, body, dry_run=routing.dry_run(request))
-        return self._render(request, kind, created, 201)
+        writing = routing.writing(request)
+        created = await self.api.create(kind, target.namespace, body, dry_run=routing.dry_run(request), writing=writing)
+        return routing.warned(self._render(request, kind, created, 201), writing)
 
     async def _binding(
         self, request: web.Request, target: Target, *, from_collection: bool, body: Any = None
@@ -319,15 +330,23 @@ class Server:
     async def _update(self, request: web.Request, kind: Kind, target: Target, body: Any) -> web.StreamResponse:
         if target.subresource == "scale":
             return await self._update_scale(request, kind, target, body, patch_type=None)
+        writing = routing.writing(request)
         updated = await self.api.update(
-            kind, target.namespace, target.name, body, subresource=target.subresource, dry_run=routing.dry_run(request)
+            kind,
+            target.namespace,
+            target.name,
+            body,
+            subresource=target.subresource,
+            dry_run=routing.dry_run(request),
+            writing=writing,
         )
-        return self._render(request, kind, updated)
+        return routing.warned(self._render(request, kind, updated), writing)
 
     async def _patch(self, request: web.Request, kind: Kind, target: Target, body: Any) -> web.StreamResponse:
         content_type = request.headers.get("Content-Type", "")
         if target.subresource == "scale":
             return await self._update_scale(request, kind, target, body, patch_type=content_type)
+        writing = routing.writing(request)
         patched = await self.api.patch(
             kind,
             target.namespace,
@@ -336,8 +355,9 @@ class Server:
             body,
             subresource=target.subresource,
             dry_run=routing.dry_run(request),
+            writing=writing,
         )
-        return self._render(request, kind, patched)
+        return routing.warned(self._render(request, kind, patched), writing)
 
     async def _update_scale(
         self, request: web.Request, kind: Kind, target: Target, body: Any, *, patch_type: str | None

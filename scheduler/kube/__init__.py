@@ -6,6 +6,7 @@ error branch it maps onto. ``watches`` keeps local copies of resources exact (re
 into a record, with ``watchstream`` reading the raw stream); ``binding`` carries out binds and evictions;
 ``reservations`` creates and deletes the reservation pods of shared GPUs; ``grouper`` gives pods their PodGroups;
 ``statuswriter`` writes PodGroup conditions and Queue status; ``events`` records aggregated, rate-limited Events;
-``leases`` elects the active replica; ``admission`` is the GPU-sharing review that ``webhook`` serves (with
-``certs``). Raw Kubernetes JSON is read here and in the decoders of ``scheduler.objects``, nowhere else.
+``leases`` elects the active replica; ``admission`` is the GPU-sharing review and ``queueadmission`` KAI's queue
+review, both served by ``webhook`` (with ``certs``). Raw Kubernetes JSON is read here and in the decoders of
+``scheduler.objects``, nowhere else.
 """

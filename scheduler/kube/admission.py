@@ -16,7 +16,9 @@ its predecessor's ConfigMap before garbage collection removes it, so the ConfigM
 ``generateName``) with a digest of the admission request's uid, which is unique per request.
 
 Validation is :func:`scheduler.objects.gpurequest.parse`, the very reading the scheduler uses, so the webhook and the
-scheduler never disagree; a problem becomes a refusal (422, the problem's message, which kubectl prints). Pods of
+scheduler never disagree; a problem becomes a refusal (422, the problem's message, which kubectl prints). One rule is
+the webhook's alone, KAI's: a pod may not be created with ``nvidia.com/container.<c>.gpus.devices``, which KAI's
+binder writes on placed pods (the scheduler reads such pods, bound before it took over, without complaint). Pods of
 other schedulers, pods without a share, and operations other than CREATE pass untouched. A body that is not an
 ``admission.k8s.io/v1`` AdmissionReview gets HTTP 400 with a message; a review whose pod is malformed is refused
 in the review (400), never a crash. ``scheduler.kube.webhook`` serves it.
@@ -33,7 +35,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from common import logs, names
-from scheduler.objects import gpurequest
+from scheduler.objects import gpurequest, nvfractions
 from scheduler.objects.gpurequest import AnnotationProblem
 
 log = logs.get("scheduler.kube.webhook")
@@ -71,8 +73,16 @@ class ReviewAnswer:
     content_type: str = "application/json"
 
 
-def review(body: bytes, *, scheduler_names: Collection[str]) -> ReviewAnswer:
-    """Answer an AdmissionReview: 200 with the review's response, or 400 with a message when it is not one."""
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Review:
+    """An AdmissionReview's request, read: its ``uid`` and the ``request`` object itself."""
+
+    uid: str
+    request: Mapping[str, Any]
+
+
+def read_review(body: bytes) -> Review | ReviewAnswer:
+    """The request of an AdmissionReview, or the 400 answer to a body that is not one."""
     try:
         document = json.loads(body)
     except (ValueError, RecursionError) as exc:
@@ -90,7 +100,19 @@ def review(body: bytes, *, scheduler_names: Collection[str]) -> ReviewAnswer:
     uid = request.get("uid")
     if not isinstance(uid, str) or not uid:
         return _bad_review("the AdmissionReview request has no uid")
-    verdict = admit(request, scheduler_names=scheduler_names)
+    return Review(uid=uid, request=request)
+
+
+def review(body: bytes, *, scheduler_names: Collection[str]) -> ReviewAnswer:
+    """Answer an AdmissionReview: 200 with the review's response, or 400 with a message when it is not one."""
+    read = read_review(body)
+    if isinstance(read, ReviewAnswer):
+        return read
+    return respond(read.uid, admit(read.request, scheduler_names=scheduler_names))
+
+
+def respond(uid: str, verdict: Verdict) -> ReviewAnswer:
+    """The AdmissionReview that carries ``verdict`` as the response to the request ``uid``."""
     response: dict[str, Any] = {"uid": uid, "allowed": verdict.allowed}
     if verdict.allowed and verdict.patch:
         response["patchType"] = "JSONPatch"
@@ -124,6 +146,14 @@ def admit(request: Mapping[str, Any], *, scheduler_names: Collection[str]) -> Ve
     if (pod["spec"].get("schedulerName") or names.DEFAULT_SCHEDULER) not in scheduler_names:
         return ALLOW
     who = _display_name(pod, request)
+    devices = nvfractions.device_keys(pod["metadata"].get("annotations") or {})
+    if devices:
+        message = (
+            f"{devices[0]} is the binder's: it records the devices a placed pod was given (KAI's NvFractions), and a "
+            "pod may not be created with it; remove it"
+        )
+        log.info("gpu_request_refused", pod=who, field=devices[0], message=message)
+        return Verdict(allowed=False, code=422, reason="Invalid", message=message)
     parsed = gpurequest.parse(pod)
     if isinstance(parsed, AnnotationProblem):
         log.info("gpu_request_refused", pod=who, field=parsed.field, message=parsed.message)

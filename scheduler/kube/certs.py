@@ -59,6 +59,13 @@ WEBHOOK_CONFIGURATIONS = kubeapi.Resource(
     kind="MutatingWebhookConfiguration",
     namespaced=False,
 )
+VALIDATING_WEBHOOK_CONFIGURATIONS = kubeapi.Resource(
+    group="admissionregistration.k8s.io",
+    version="v1",
+    plural="validatingwebhookconfigurations",
+    kind="ValidatingWebhookConfiguration",
+    namespaced=False,
+)
 
 # Nodes' and the API server's clocks may differ; a certificate that starts "now" would be refused for a moment.
 _CLOCK_SKEW = datetime.timedelta(minutes=5)
@@ -333,8 +340,10 @@ async def patch_ca_bundle(
     ca_pem: bytes,
     now: datetime.datetime | None = None,
     attempts: int = 5,
+    resource: kubeapi.Resource = WEBHOOK_CONFIGURATIONS,
 ) -> BundleOutcome:
-    """Make every webhook of the MutatingWebhookConfiguration trust ``ca_pem``, keeping the other replicas' CAs.
+    """Make every webhook of the MutatingWebhookConfiguration (or the ``resource`` given: the Validating one) trust
+    ``ca_pem``, keeping the other replicas' CAs.
 
     A read, then a replace that carries the read's ``resourceVersion``: a concurrent writer (another replica,
     cert-manager, kubectl) makes it 409, and it starts over, up to ``attempts`` times. Raises ``KubeError`` for
@@ -342,7 +351,7 @@ async def patch_ca_bundle(
     """
     now = now or datetime.datetime.now(datetime.UTC)
     for _ in range(attempts):
-        current = await api.get(WEBHOOK_CONFIGURATIONS, name=configuration_name)
+        current = await api.get(resource, name=configuration_name)
         hooks = [hook for hook in (current or {}).get("webhooks") or [] if isinstance(hook, dict)]
         if current is None or not hooks:
             return BundleOutcome.NO_CONFIGURATION
@@ -355,12 +364,12 @@ async def patch_ca_bundle(
             client_config = hook.get("clientConfig")
             hook["clientConfig"] = {**(client_config if isinstance(client_config, dict) else {}), "caBundle": encoded}
         try:
-            await api.replace(WEBHOOK_CONFIGURATIONS, current, name=configuration_name)
+            await api.replace(resource, current, name=configuration_name)
         except KubeConflict:
             continue
         log.info("webhook_ca_bundle_written", configuration=configuration_name, webhooks=len(hooks))
         return BundleOutcome.WRITTEN
-    raise KubeConflict(f"mutatingwebhookconfiguration {configuration_name} kept changing: {attempts} conflicts")
+    raise KubeConflict(f"{resource.kind.lower()} {configuration_name} kept changing: {attempts} conflicts")
 
 
 def _decoded_bundle(hook: Mapping[str, Any]) -> bytes:

@@ -1,5 +1,9 @@
 """Give every pod of ours a PodGroup: read its owners, decide (``grouping.decide``), create the group, annotate.
 
+A pod (or any owner of it) with KAI's ``kai.scheduler/skip-podgrouper: "true"`` is left alone: its user made its
+PodGroup and names it in ``pod-group-name``. The workload's ``kai.scheduler/preemption-delay`` and
+``kai.scheduler/staleness-grace-period`` go into the spec of the PodGroup made for it, as KAI's grouper does.
+
 Runs beside the cycle: a new pod without a usable ``pod-group-name`` is queued here; once its PodGroup exists and the
 annotation is written, the watch brings the pod back with the annotation and it joins its group in the next
 snapshot. Owners are read through the API with a small cache (a Deployment's pods share the same owners). A 403 or
@@ -17,7 +21,7 @@ from typing import Any
 from common import logs, names, tasks
 from scheduler.kube import events, kubeapi
 from scheduler.kube.errors import KubeAlreadyExists, KubeError, KubeForbidden, KubeNotFound
-from scheduler.objects import grouping, pods
+from scheduler.objects import durations, grouping, pods
 from scheduler.objects.records import OwnerRef, PodRecord
 
 log = logs.get("scheduler.grouper")
@@ -55,6 +59,7 @@ class Grouper:
         still_unannotated: StillUnannotated | None = None,
         concurrency: int = 64,
         annotate_after_s: float = ANNOTATE_PENDING_AFTER_S,
+        on_failure: tasks.OnFailure | None = None,
     ) -> None:
         self._api = api
         self._on_grouped = on_grouped
@@ -65,7 +70,7 @@ class Grouper:
         self._slots = asyncio.Semaphore(concurrency)
         self._owners: dict[tuple[str, str, str], tuple[float, Obj | None]] = {}
         self._in_progress: set[str] = set()
-        self._tasks = tasks.TaskSet("grouper")
+        self._tasks = tasks.TaskSet("grouper", on_failure=on_failure)
 
     def submit(self, pod: PodRecord) -> None:
         if pod.uid in self._in_progress:
@@ -131,8 +136,16 @@ class Grouper:
             self._in_progress.discard(pod.uid)
 
     async def _group_one(self, pod: PodRecord) -> str | None:
-        """Make sure the pod's PodGroup exists; the name to annotate the pod with (None: it has the annotation)."""
+        """Make sure the pod's PodGroup exists; the name to annotate the pod with (None: it has the annotation, or
+        it opted out of grouping)."""
+        if grouping.skips_grouper(pod):  # KAI reads the pod's own annotation before it reads any owner
+            self._skipped(pod, f"pod {pod.name}")
+            return None
         owners = await self.owners(pod)
+        skipping = [] if isinstance(owners, grouping.OwnerProblem) else [o for o in owners if grouping.skips_grouper(o)]
+        if skipping:
+            self._skipped(pod, f"{skipping[0].get('kind')}/{(skipping[0].get('metadata') or {}).get('name')}")
+            return None
         decision = grouping.decide(pod, owners, queue_label=self._queue_label)
         name = pod.pod_group or decision.group_name
         body: Obj = {
@@ -151,6 +164,11 @@ class Grouper:
         }
         if decision.preemptible is not None:
             body["spec"]["preemptibility"] = names.PREEMPTIBLE if decision.preemptible else names.NON_PREEMPTIBLE
+        # KAI's grouper copies the workload's annotations into the spec; the scheduler reads only the spec.
+        if decision.preemption_delay_ns is not None:
+            body["spec"]["preemptionDelay"] = durations.format_ns(decision.preemption_delay_ns)
+        if decision.staleness_grace_ns is not None:
+            body["spec"]["stalenessGracePeriod"] = durations.format_ns(decision.staleness_grace_ns)
         per_pod = name == grouping.group_name(pod.name, pod.uid)
         owner = decision.owner
         if per_pod or owner is None:
@@ -176,7 +194,32 @@ class Grouper:
             self._recorder.record(
                 events.ObjectRef.of_record(pod), type=events.EventType.NORMAL, reason="OwnGroup", message=decision.note
             )
+        for warning in decision.warnings:
+            log.warning("grouping_annotation_ignored", pod=pod.display, message=warning)
+            if self._recorder is not None:
+                self._recorder.record(
+                    events.ObjectRef.of_record(pod),
+                    type=events.EventType.WARNING,
+                    reason="IgnoredAnnotation",
+                    message=warning,
+                )
         return None if pod.pod_group else name
+
+    def _skipped(self, pod: PodRecord, where: str) -> None:
+        """KAI's ``kai.scheduler/skip-podgrouper: "true"``: no PodGroup is made and the pod is not annotated; it joins
+        the PodGroup its ``pod-group-name`` names once that exists. Without one it cannot be scheduled: say so."""
+        if pod.pod_group:
+            log.debug("grouping_skipped", pod=pod.display, podgroup=pod.pod_group, opted_out_on=where)
+            return
+        message = (
+            f'{names.SKIP_PODGROUPER_ANNOTATION} is "true" on {where}, so no PodGroup is made for the pod, but it '
+            f"names none in {names.POD_GROUP_ANNOTATION}: it waits until it does"
+        )
+        log.warning("grouping_skipped_without_podgroup", pod=pod.display, opted_out_on=where)
+        if self._recorder is not None:
+            self._recorder.record(
+                events.ObjectRef.of_record(pod), type=events.EventType.WARNING, reason="NoPodGroup", message=message
+            )
 
     async def _annotate(self, pod: PodRecord, name: str) -> None:
         """Write ``pod-group-name`` unless the binder did so first, with the bind (see ANNOTATE_PENDING_AFTER_S)."""

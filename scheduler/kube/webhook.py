@@ -1,12 +1,16 @@
-"""The mutating admission webhook of GPU sharing, served over HTTPS by every scheduler replica.
+"""The admission webhooks, served over HTTPS by every scheduler replica: GPU sharing for pods (mutating) and KAI's
+queue validation (validating), on two paths of one server.
 
-The review itself (what a pod's GPU annotations get: a refusal that says what to fix, or the JSONPatch wiring a
-share's GPU environment) is pure and lives in ``scheduler.kube.admission``; this module serves it. Every replica
-serves the webhook (the Service spreads calls over all of them; pod creation must not wait for an election).
-:func:`serve` runs it as the scheduler does: a certificate made at start (or provided by cert-manager), the server,
-and an upkeep round every minute that keeps this replica's CA in the configuration's ``caBundle`` (another replica's
-restart may have pushed it out; a re-applied configuration has none), renews the certificate when two thirds of its
-validity are gone, and reloads a provided certificate that cert-manager renewed.
+The reviews themselves are pure: ``scheduler.kube.admission`` (what a pod's GPU annotations get: a refusal that
+says what to fix, or the JSONPatch wiring a share's GPU environment) and ``scheduler.kube.queueadmission`` (a Queue
+refused or admitted with warnings); this module serves them, listing the Queues the queue review needs through the
+API on each call (queues change rarely and a create is rarer still; every replica answers, leader or not, so it
+cannot count on a leader's watches). Every replica serves the webhooks (the Service spreads calls over all of them;
+pod creation must not wait for an election). :func:`serve` runs them as the scheduler does: a certificate made at
+start (or provided by cert-manager), the server, and an upkeep round every minute that keeps this replica's CA in the
+``caBundle`` of both configurations (another replica's restart may have pushed it out; a re-applied configuration
+has none), renews the certificate when two thirds of its validity are gone, and reloads a provided certificate that
+cert-manager renewed.
 """
 
 from __future__ import annotations
@@ -17,33 +21,49 @@ import datetime
 import enum
 import shutil
 import tempfile
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
 from common import logs
 from common.errors import ConfigError
-from scheduler.kube import admission, certs, kubeapi
+from scheduler.kube import admission, certs, kubeapi, queueadmission
 from scheduler.kube.errors import KubeError
 
 log = logs.get("scheduler.kube.webhook")
 
 MUTATE_PATH = "/mutate-pods"
+VALIDATE_QUEUES_PATH = queueadmission.PATH
 HEALTH_PATH = "/healthz"
 DEFAULT_PORT = 9443  # the port controller-runtime's webhooks use; the Service maps 443 onto it
 # A pod is at most ~1.5 MiB (etcd's object limit); an AdmissionReview carries it once on CREATE.
 MAX_REVIEW_BYTES = 4 * 1024 * 1024
 
 
+QueueLister = Callable[[], Awaitable[Sequence[dict[str, Any]]]]
+"""Every Queue stored; raises ``KubeError`` when they cannot be read."""
+
+
 # --- the HTTPS server ---
 
 
 class WebhookServer:
-    """``POST /mutate-pods`` (AdmissionReviews) and ``GET /healthz`` over TLS, on the running event loop."""
+    """``POST /mutate-pods`` and ``POST /validate-scheduling-run-ai-v2-queue`` (AdmissionReviews) and
+    ``GET /healthz`` over TLS, on the running event loop."""
 
-    def __init__(self, *, certificate: certs.ServingCertificate, scheduler_names: Collection[str]) -> None:
+    def __init__(
+        self,
+        *,
+        certificate: certs.ServingCertificate,
+        scheduler_names: Collection[str],
+        list_queues: QueueLister | None = None,
+        queue_parent_must_exist: bool = False,
+    ) -> None:
         self._names = frozenset(scheduler_names)
+        self._list_queues = list_queues
+        self._queue_parent_must_exist = queue_parent_must_exist
         self._certificate = certificate
         self._context = certs.server_context(certificate)
         self._runner: web.AppRunner | None = None
@@ -67,6 +87,7 @@ class WebhookServer:
         """Listen on ``host:port`` (0: a free port); raises ``ConfigError`` when the address cannot be used."""
         app = web.Application(client_max_size=MAX_REVIEW_BYTES)
         app.router.add_post(MUTATE_PATH, self._mutate)
+        app.router.add_post(VALIDATE_QUEUES_PATH, self._validate_queue)
         app.router.add_get(HEALTH_PATH, self._health)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
@@ -88,6 +109,21 @@ class WebhookServer:
 
     async def _mutate(self, request: web.Request) -> web.Response:
         answer = admission.review(await request.read(), scheduler_names=self._names)
+        return web.Response(status=answer.status, body=answer.body, content_type=answer.content_type)
+
+    async def _validate_queue(self, request: web.Request) -> web.Response:
+        read = admission.read_review(await request.read())
+        if isinstance(read, admission.ReviewAnswer):
+            answer = read
+        else:
+            queues: Sequence[dict[str, Any]] | None = None
+            if self._list_queues is not None:
+                try:
+                    queues = await self._list_queues()
+                except KubeError as exc:
+                    log.warning("queue_review_list_failed", error=str(exc))
+            verdict = queueadmission.admit(read.request, queues=queues, parent_must_exist=self._queue_parent_must_exist)
+            answer = admission.respond(read.uid, verdict)
         return web.Response(status=answer.status, body=answer.body, content_type=answer.content_type)
 
     async def _health(self, request: web.Request) -> web.Response:
@@ -122,6 +158,10 @@ class WebhookSettings:
     service: str = "quotient-scheduler-webhook"
     namespace: str = "quotient-system"
     configuration: str = "quotient-gpu-sharing"
+    queue_configuration: str = "quotient-queue-validation"
+    """The ValidatingWebhookConfiguration of the queue webhook, whose ``caBundle`` is kept too."""
+    queue_parent_must_exist: bool = False
+    """KAI's strict queue validation: refuse a Queue whose parent does not exist."""
     cert_validity_s: float = 365 * 24 * 3600.0
     upkeep_interval_s: float = 60.0
 
@@ -149,7 +189,16 @@ async def serve(
         directory = owned = Path(tempfile.mkdtemp(prefix="quotient-webhook-"))
     try:
         upkeep = _Upkeep(api, settings, directory)
-        server = WebhookServer(certificate=upkeep.initial(now()), scheduler_names=scheduler_names)
+
+        async def list_queues() -> Sequence[dict[str, Any]]:
+            return (await api.list(kubeapi.QUEUES)).items
+
+        server = WebhookServer(
+            certificate=upkeep.initial(now()),
+            scheduler_names=scheduler_names,
+            list_queues=list_queues,
+            queue_parent_must_exist=settings.queue_parent_must_exist,
+        )
         await server.start(settings.host, settings.port)
         try:
             if on_listening is not None:
@@ -172,7 +221,7 @@ class _Upkeep:
         self._settings = settings
         self._directory = directory
         self._loaded: tuple[int, int, int, int] | None = None
-        self._missing = False
+        self._missing: set[str] = set()
 
     def initial(self, now: datetime.datetime) -> certs.ServingCertificate:
         certificate = self._certificate(now)
@@ -191,6 +240,10 @@ class _Upkeep:
         )
 
     async def round(self, server: WebhookServer, now: datetime.datetime) -> None:
+        configurations = (
+            (self._settings.configuration, certs.WEBHOOK_CONFIGURATIONS),
+            (self._settings.queue_configuration, certs.VALIDATING_WEBHOOK_CONFIGURATIONS),
+        )
         configuration = self._settings.configuration
         try:
             if self._settings.certificates is CertificateSource.PROVIDED:
@@ -205,13 +258,17 @@ class _Upkeep:
             if certificate.renewal_due(now):
                 certificate = self._certificate(now)
             assert certificate.ca_pem is not None
-            outcome = await certs.patch_ca_bundle(
-                self._api, configuration_name=configuration, ca_pem=certificate.ca_pem, now=now
-            )
-            missing = outcome is certs.BundleOutcome.NO_CONFIGURATION
-            if missing and not self._missing:  # once, not every round: a local run may have no configuration
-                log.warning("webhook_configuration_missing", configuration=configuration)
-            self._missing = missing
+            for configuration, resource in configurations:
+                if not configuration:
+                    continue
+                outcome = await certs.patch_ca_bundle(
+                    self._api, configuration_name=configuration, ca_pem=certificate.ca_pem, now=now, resource=resource
+                )
+                if outcome is not certs.BundleOutcome.NO_CONFIGURATION:
+                    self._missing.discard(configuration)
+                elif configuration not in self._missing:  # once, not every round: a local run may have none
+                    log.warning("webhook_configuration_missing", configuration=configuration, kind=resource.kind)
+                    self._missing.add(configuration)
             if certificate is not server.certificate:
                 # Trusted first, served second: the API server never meets a certificate it does not trust yet.
                 server.use_certificate(certificate)

@@ -9,9 +9,13 @@ Accepted (KAI-COMPAT.md, "GPU sharing"):
 - ``gpu-memory``: an integer of MiB (KAI's form, ``"3000"``), a Kubernetes quantity (``3Gi``, ``3000Mi``, ``3G``)
   or a spelled unit (``3GiB``, ``3Gib``, ``3 GB``, case-insensitive);
 - ``gpu-fraction-num-devices``: a whole number >= 1 (the share is taken on that many devices);
-- ``gpu-fraction-container-name``: the container that gets the GPU (default: the first container).
-Refused: a share together with a whole-GPU request or limit (``nvidia.com/gpu``), ``gpu-fraction`` together with
-``gpu-memory``, the sharing-only annotations without a share, and anything unparseable.
+- ``gpu-fraction-container-name``: the container that gets the GPU (default: the first container);
+- KAI v0.18's per-container keys (``nvidia.com/container.<name>.gpu-memory.request`` / ``.limit``,
+  ``.gpu-compute.mode``, and the pod's ``kai.scheduler/gpu-compute-sharing-mode``), read by ``nvfractions``: the
+  request is reserved like ``gpu-memory``, the limit is carried beside it (``memory_limit_bytes``).
+Refused: a share together with a whole-GPU request or limit (``nvidia.com/gpu``), two ways of asking for a share
+at once (``gpu-fraction``, ``gpu-memory``, the per-container memory keys), the sharing-only annotations (and a
+compute mode) without a share, two container names that disagree, and anything unparseable.
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ from __future__ import annotations
 import dataclasses
 import decimal
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from common import names, quantities
 from common.errors import QuantityError
+from scheduler.objects import nvfractions
 
 FRACTION_FORMS = 'a decimal strictly between 0 and 1, such as "0.5" or "0.25"'
 MEMORY_FORMS = (
@@ -36,6 +41,8 @@ _MAX_DEVICES = 64
 _SPELLED = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgtp])(i?)b\s*$", re.IGNORECASE)
 _DECIMAL_TEXT = re.compile(r"^\s*(?:[0-9]+\.?[0-9]*|\.[0-9]+)\s*$")
 _ASCII_INTEGER = re.compile(r"^[0-9]+$")  # str.isdigit() would accept "²" and other Unicode digits
+_PER_CONTAINER_MEMORY = f"{names.CONTAINER_ANNOTATION_PREFIX}<container>{names.GPU_MEMORY_REQUEST_SUFFIX}/limit"
+_SHARE_ANNOTATIONS = f"{names.GPU_FRACTION_ANNOTATION}, {names.GPU_MEMORY_ANNOTATION} or {_PER_CONTAINER_MEMORY}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,8 +52,16 @@ class GpuRequest:
     whole: int = 0
     milli_gpu: int = 0
     memory_bytes: int = 0
+    """Per device: ``gpu-memory``, or the NvFractions request (``nvidia.com/container.<c>.gpu-memory.request``,
+    else its limit). Placement and accounting reserve this."""
     devices: int = 0
     container: str | None = None
+    memory_limit_bytes: int = 0
+    """Per device: the NvFractions limit (``.gpu-memory.limit``, else the request), at least ``memory_bytes``; the
+    most the pod may use while the device has room. 0 for the other shares: they are held to their allotment."""
+    compute_mode: str = names.TIME_SLICING
+    """``time-slicing`` or ``sm-sharing`` (``.gpu-compute.mode`` or ``kai.scheduler/gpu-compute-sharing-mode``):
+    shares of different modes never share a device."""
 
     @property
     def is_share(self) -> bool:
@@ -139,69 +154,126 @@ def parse(pod: Mapping[str, Any]) -> GpuRequest | AnnotationProblem:
     annotations: Mapping[str, str] = metadata.get("annotations") or {}
     spec = pod.get("spec") or {}
     containers = [c for c in spec.get("containers") or [] if isinstance(c, dict)]
+    container_names = [str(c.get("name")) for c in containers]
     whole = 0
     for container in containers:
         amount = _whole_gpus(pod, container)
         if isinstance(amount, AnnotationProblem):
             return amount
         whole += amount
+    per_container = nvfractions.read(annotations, container_names)
+    if isinstance(per_container, nvfractions.KeyProblem):
+        return AnnotationProblem(field=per_container.field, message=per_container.message)
     fraction_text = annotations.get(names.GPU_FRACTION_ANNOTATION)
     memory_text = annotations.get(names.GPU_MEMORY_ANNOTATION)
-    devices_text = annotations.get(names.GPU_FRACTION_NUM_DEVICES_ANNOTATION)
-    container_name = annotations.get(names.GPU_FRACTION_CONTAINER_ANNOTATION)
-    if fraction_text is None and memory_text is None:
-        for name, text in (
-            (names.GPU_FRACTION_NUM_DEVICES_ANNOTATION, devices_text),
-            (names.GPU_FRACTION_CONTAINER_ANNOTATION, container_name),
-        ):
-            if text is not None:
-                return AnnotationProblem(
-                    field=name,
-                    message=f"{name} is set but the pod asks for no GPU share "
-                    f"({names.GPU_FRACTION_ANNOTATION} or {names.GPU_MEMORY_ANNOTATION})",
-                )
-        return GpuRequest(whole=whole, devices=whole) if whole else NO_GPU
-    if fraction_text is not None and memory_text is not None:
+    asked = [
+        name
+        for name, present in (
+            (names.GPU_FRACTION_ANNOTATION, fraction_text is not None),
+            (names.GPU_MEMORY_ANNOTATION, memory_text is not None),
+            (_PER_CONTAINER_MEMORY, per_container is not None and per_container.request_bytes > 0),
+        )
+        if present
+    ]
+    if not asked:
+        return _no_share(annotations, whole, per_container)
+    if len(asked) > 1:
         return AnnotationProblem(
-            field=names.GPU_MEMORY_ANNOTATION,
-            message=f"{names.GPU_FRACTION_ANNOTATION} and {names.GPU_MEMORY_ANNOTATION} are both set; ask for a share "
-            "one way only",
+            field=asked[-1] if asked[-1] != _PER_CONTAINER_MEMORY else names.GPU_MEMORY_ANNOTATION,
+            message=f"{' and '.join(asked)} are both set; ask for a share one way only",
         )
     if whole:
         return AnnotationProblem(
             field=names.GPU_RESOURCE,
             message=f"the pod asks for {whole} whole GPU(s) through {names.GPU_RESOURCE} and for a share through "
-            f"{names.GPU_FRACTION_ANNOTATION if fraction_text is not None else names.GPU_MEMORY_ANNOTATION}; a shared "
-            f"pod must not request {names.GPU_RESOURCE}",
+            f"{asked[0]}; a shared pod must not request {names.GPU_RESOURCE}",
         )
-    milli = 0
-    memory = 0
+    milli = memory = limit = 0
     if fraction_text is not None:
         parsed = parse_fraction(fraction_text)
         if isinstance(parsed, AnnotationProblem):
             return parsed
         milli = parsed
-    else:
-        assert memory_text is not None
+    elif memory_text is not None:
         parsed = parse_gpu_memory(memory_text)
         if isinstance(parsed, AnnotationProblem):
             return parsed
         memory = parsed
-    devices = 1
-    if devices_text is not None:
-        if not _ASCII_INTEGER.match(devices_text.strip()) or not 1 <= int(devices_text.strip()) <= _MAX_DEVICES:
+    else:
+        assert per_container is not None
+        memory, limit = per_container.request_bytes, per_container.limit_bytes
+    devices = _devices(annotations.get(names.GPU_FRACTION_NUM_DEVICES_ANNOTATION))
+    if isinstance(devices, AnnotationProblem):
+        return devices
+    chosen = _container(annotations.get(names.GPU_FRACTION_CONTAINER_ANNOTATION), container_names, per_container)
+    if isinstance(chosen, AnnotationProblem):
+        return chosen
+    mode = per_container.compute_mode if per_container is not None else None
+    return GpuRequest(
+        milli_gpu=milli,
+        memory_bytes=memory,
+        memory_limit_bytes=limit,
+        devices=devices,
+        container=chosen,
+        compute_mode=mode or names.TIME_SLICING,
+    )
+
+
+def _no_share(
+    annotations: Mapping[str, str], whole: int, per_container: nvfractions.ContainerShare | None
+) -> GpuRequest | AnnotationProblem:
+    """A pod without a share: whole GPUs or none, unless a sharing-only annotation is set without a share."""
+    for name in (names.GPU_FRACTION_NUM_DEVICES_ANNOTATION, names.GPU_FRACTION_CONTAINER_ANNOTATION):
+        if annotations.get(name) is not None:
             return AnnotationProblem(
-                field=names.GPU_FRACTION_NUM_DEVICES_ANNOTATION,
-                message=f"{names.GPU_FRACTION_NUM_DEVICES_ANNOTATION} {devices_text!r} must be a whole number from 1 "
-                f"to {_MAX_DEVICES}",
+                field=name,
+                message=f"{name} is set but the pod asks for no GPU share ({_SHARE_ANNOTATIONS})",
             )
-        devices = int(devices_text.strip())
-    if container_name is not None and container_name not in {c.get("name") for c in containers}:
-        known = ", ".join(str(c.get("name")) for c in containers) or "none"
+    if per_container is not None:
+        field = (
+            f"{names.CONTAINER_ANNOTATION_PREFIX}{per_container.container}{names.GPU_COMPUTE_MODE_SUFFIX}"
+            if per_container.container
+            else names.GPU_COMPUTE_SHARING_MODE_ANNOTATION
+        )
+        return AnnotationProblem(
+            field=field,
+            message=f"{field} sets a compute mode but the pod asks for no GPU share ({_SHARE_ANNOTATIONS})",
+        )
+    return GpuRequest(whole=whole, devices=whole) if whole else NO_GPU
+
+
+def _devices(text: str | None) -> int | AnnotationProblem:
+    if text is None:
+        return 1
+    if not _ASCII_INTEGER.match(text.strip()) or not 1 <= int(text.strip()) <= _MAX_DEVICES:
+        return AnnotationProblem(
+            field=names.GPU_FRACTION_NUM_DEVICES_ANNOTATION,
+            message=f"{names.GPU_FRACTION_NUM_DEVICES_ANNOTATION} {text!r} must be a whole number from 1 to "
+            f"{_MAX_DEVICES}",
+        )
+    return int(text.strip())
+
+
+def _container(
+    named: str | None, containers: Sequence[str], per_container: nvfractions.ContainerShare | None
+) -> str | AnnotationProblem | None:
+    """The container that gets the share: the one the per-container keys name, else ``gpu-fraction-container-name``,
+    else the first; the two names must agree where both are given (KAI's rule)."""
+    if named is not None and named not in containers:
+        known = ", ".join(containers) or "none"
         return AnnotationProblem(
             field=names.GPU_FRACTION_CONTAINER_ANNOTATION,
-            message=f"{names.GPU_FRACTION_CONTAINER_ANNOTATION} {container_name!r} names no container of the pod "
+            message=f"{names.GPU_FRACTION_CONTAINER_ANNOTATION} {named!r} names no container of the pod "
             f"(containers: {known})",
         )
-    chosen = container_name or (str(containers[0].get("name")) if containers else None)
-    return GpuRequest(milli_gpu=milli, memory_bytes=memory, devices=devices, container=chosen)
+    chosen = named or (containers[0] if containers else None)
+    keyed = per_container.container if per_container is not None else ""
+    if keyed and chosen != keyed:
+        if named is None and per_container is not None and per_container.request_bytes > 0:
+            return keyed  # the per-container memory keys name the share's container themselves
+        return AnnotationProblem(
+            field=names.GPU_FRACTION_CONTAINER_ANNOTATION,
+            message=f"the share goes to container {chosen!r} but the {names.CONTAINER_ANNOTATION_PREFIX}{keyed}.* "
+            f"keys name container {keyed!r}; name one container",
+        )
+    return chosen

@@ -9,6 +9,12 @@ decision carries a note for an event that says why. vCluster-synced pods are rec
 writes on them (``vcluster.loft.sh/owner-set-kind``/``-name`` name the tenant-side workload; ``vcluster.loft.sh/
 namespace`` its namespace); when they name a workload, the pods of that workload are grouped together as KAI would
 group them in the tenant's cluster.
+
+KAI v0.15-v0.17's workload knobs are read here too, as KAI's grouper reads them: ``kai.scheduler/skip-podgrouper``
+(:func:`skips_grouper`: the grouper then makes nothing), ``kai.scheduler/batch-min-member`` on a Job (one gang of
+that size) or a JobSet (its gang's size), and ``kai.scheduler/preemption-delay`` and
+``kai.scheduler/staleness-grace-period`` from the owners (nearest first) then the pod, for the PodGroup's spec. An
+annotation that cannot be read is left out with a warning for an event, never a failure.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from common import names
-from scheduler.objects import fields
+from scheduler.objects import durations, fields
 from scheduler.objects.records import PodRecord
 
 # Kinds whose pods each get a group of their own (no gang), and kinds whose pods share one group.
@@ -28,6 +34,7 @@ _PER_POD = {("batch", "Job"), ("batch", "CronJob"), ("apps", "Deployment")}
 _SHARED = {("apps", "StatefulSet"), ("apps", "ReplicaSet")}
 _KUBEFLOW = {"PyTorchJob": "pytorchReplicaSpecs", "TFJob": "tfReplicaSpecs", "MPIJob": "mpiReplicaSpecs"}
 _RAY = {"RayCluster", "RayJob"}
+_BATCH = {("batch", "Job"), ("jobset.x-k8s.io", "JobSet")}  # where KAI reads kai.scheduler/batch-min-member
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,6 +61,64 @@ class Grouping:
     """The top owner the group is made for (its apiVersion, kind, name, uid), None for a pod's own group."""
     note: str | None = None
     """Why the pod got a group of its own when it has an owner: the text of an event."""
+    preemption_delay_ns: int | None = None
+    """``kai.scheduler/preemption-delay`` of the owners (nearest first), else of the pod: the PodGroup's
+    ``spec.preemptionDelay``. None: none set (or none readable)."""
+    staleness_grace_ns: int | None = None
+    """``kai.scheduler/staleness-grace-period`` likewise: the PodGroup's ``spec.stalenessGracePeriod``."""
+    warnings: tuple[str, ...] = ()
+    """Annotations that could not be read and were left out, each with why: the texts of warning events."""
+
+
+def skips_grouper(obj: Mapping[str, Any] | PodRecord) -> bool:
+    """``kai.scheduler/skip-podgrouper: "true"`` (exactly; KAI ignores any other value) on a pod or an owner."""
+    written = obj.annotations if isinstance(obj, PodRecord) else _annotations(obj)
+    return written.get(names.SKIP_PODGROUPER_ANNOTATION) == "true"
+
+
+def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    return fields.string_map(fields.meta(obj).get("annotations"))
+
+
+def _knob(
+    pod: PodRecord, owners: Sequence[Mapping[str, Any]], key: str, *, negative_allowed: bool, warnings: list[str]
+) -> int | None:
+    """A duration annotation as KAI's grouper reads it: the owners' from the nearest, then the pod's; a value that
+    is not a Go duration is skipped with a warning and the next source is read."""
+    sources = [(f"{owner.get('kind')}/{_meta(owner, 'name')}", _annotations(owner)) for owner in owners]
+    sources.append((f"pod {pod.name}", pod.annotations))
+    for where, written in sources:
+        text = written.get(key)
+        if text is None:
+            continue
+        value = durations.parse_ns(text)
+        if value is None or (value < 0 and not negative_allowed):
+            need = durations.FORMS if value is None else "a duration of 0 or more"
+            warnings.append(f"{key} {text!r} on {where} is not {need}; it is left out")
+            continue
+        return value
+    return None
+
+
+def _with_knobs(grouping: Grouping, pod: PodRecord, owners: Sequence[Mapping[str, Any]]) -> Grouping:
+    warnings = list(grouping.warnings)
+    delay = _knob(pod, owners, names.PREEMPTION_DELAY_ANNOTATION, negative_allowed=False, warnings=warnings)
+    grace = _knob(pod, owners, names.STALENESS_GRACE_ANNOTATION, negative_allowed=True, warnings=warnings)
+    return dataclasses.replace(grouping, preemption_delay_ns=delay, staleness_grace_ns=grace, warnings=tuple(warnings))
+
+
+def _batch_min_member(owner: Mapping[str, Any]) -> int | str | None:
+    """``kai.scheduler/batch-min-member`` on a Job or JobSet: a whole number (KAI parses an int32), or why not."""
+    text = _annotations(owner).get(names.BATCH_MIN_MEMBER_ANNOTATION)
+    if text is None:
+        return None
+    stripped = text.strip()
+    if stripped.isascii() and stripped.isdigit() and int(stripped) < 2**31:
+        return int(stripped)
+    return (
+        f"{names.BATCH_MIN_MEMBER_ANNOTATION} {text!r} on {owner.get('kind')}/{_meta(owner, 'name')} is not a whole "
+        "number >= 0; it is left out"
+    )
 
 
 def _api_group(api_version: str) -> str:
@@ -174,12 +239,17 @@ def decide(
 ) -> Grouping:
     """The group of ``pod``, given its controller owners from the nearest to the top (empty: ownerless)."""
     if isinstance(owners, OwnerProblem):
-        return _own_group(
+        own = _own_group(
             pod,
             queue_label=queue_label,
             note=f"owner {owners.kind}/{owners.name} is {owners.problem} ({owners.message}); the pod gets a group of "
             "its own",
         )
+        return _with_knobs(own, pod, ())
+    return _with_knobs(_decide(pod, owners, queue_label), pod, owners)
+
+
+def _decide(pod: PodRecord, owners: Sequence[Mapping[str, Any]], queue_label: str) -> Grouping:
     vcluster = _vcluster(pod, queue_label)
     if vcluster is not None:
         return vcluster
@@ -205,7 +275,9 @@ def _by_owner(pod: PodRecord, owner: Mapping[str, Any], queue_label: str) -> Gro
     name, uid = _meta(owner, "name"), _meta(owner, "uid")
     ref = {"apiVersion": owner.get("apiVersion"), "kind": kind, "name": name, "uid": uid}
 
-    def made(min_member: int, default_class: str, *, per_pod: bool = False, suffix: str = "") -> Grouping:
+    def made(
+        min_member: int, default_class: str, *, per_pod: bool = False, suffix: str = "", warning: str | None = None
+    ) -> Grouping:
         return Grouping(
             group_name=group_name(pod.name, pod.uid) if per_pod else group_name(f"{name}{suffix}", uid),
             min_member=min_member,
@@ -213,11 +285,16 @@ def _by_owner(pod: PodRecord, owner: Mapping[str, Any], queue_label: str) -> Gro
             priority_class=_priority_class(pod, owner, default_class),
             preemptible=_preemptible(pod, owner),
             owner=ref,
+            warnings=(warning,) if warning else (),
         )
 
+    batch = _batch_min_member(owner) if (group, kind) in _BATCH else None
+    if (group, kind) == ("batch", "Job") and isinstance(batch, int):
+        # KAI v0.15: a Job with the annotation is one gang of that many pods (without it, a group per pod).
+        return made(batch, names.DEFAULT_PRIORITY_CLASS)
     if (group, kind) in _PER_POD:
         default_class = names.DEPLOYMENT_PRIORITY_CLASS if kind == "Deployment" else names.DEFAULT_PRIORITY_CLASS
-        return made(1, default_class, per_pod=True)
+        return made(1, default_class, per_pod=True, warning=batch if isinstance(batch, str) else None)
     if (group, kind) in _SHARED:
         return made(1, names.DEFAULT_PRIORITY_CLASS)
     if group == "kubeflow.org" and kind in _KUBEFLOW:
@@ -225,7 +302,9 @@ def _by_owner(pod: PodRecord, owner: Mapping[str, Any], queue_label: str) -> Gro
     if group == "ray.io" and kind in _RAY:
         return made(_ray_min_member(owner), names.DEFAULT_PRIORITY_CLASS)
     if group == "jobset.x-k8s.io" and kind == "JobSet":
-        return made(_jobset_min_member(owner), names.DEFAULT_PRIORITY_CLASS)
+        # The annotation sets the one gang's size (KAI's flat JobSet grouping, before v0.16's subgroup tree).
+        size = batch if isinstance(batch, int) else _jobset_min_member(owner)
+        return made(size, names.DEFAULT_PRIORITY_CLASS, warning=batch if isinstance(batch, str) else None)
     if group == "leaderworkerset.x-k8s.io" and kind == "LeaderWorkerSet":
         size = _int(((owner.get("spec") or {}).get("leaderWorkerTemplate") or {}).get("size"), 1)
         index = pod.labels.get(names.LWS_GROUP_INDEX_LABEL, "0")

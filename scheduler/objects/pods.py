@@ -13,6 +13,7 @@ reservation from its pod watch.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,6 +33,9 @@ from scheduler.objects.records import (
 from scheduler.placement import model
 
 _PHASES = {phase.value: phase for phase in Phase}
+# Go's strconv.Atoi: an optional sign and ASCII digits (a label value cannot start with a sign, but a record can be
+# built from any mapping); 18 digits keep it within int64.
+_SIGNED_INTEGER = re.compile(r"^[+-]?[0-9]{1,18}$")
 
 
 def decode(obj: Mapping[str, Any]) -> PodRecord | None:
@@ -70,12 +74,26 @@ def decode(obj: Mapping[str, Any]) -> PodRecord | None:
         scheduling=_scheduling(spec),
         pod_group=annotations.get(names.POD_GROUP_ANNOTATION) or None,
         subgroup=labels.get(names.SUBGROUP_LABEL) or None,
+        task_priority=_task_priority(labels),
         devices=fields.indexes(annotations.get(names.GPU_DEVICES_ANNOTATION)),
         share_milli=fields.whole_number(annotations.get(names.GPU_SHARE_ANNOTATION)) or 0,
         gpu_groups=groups,
         gpu_uuids=fields.csv(annotations.get(names.GPU_UUIDS_ANNOTATION)),
         configmap=annotations.get(names.GPU_CONFIGMAP_ANNOTATION) or None,
         reservation=_reservation(meta, labels, annotations, node, status, namespace=namespace, name=name, uid=uid),
+    )
+
+
+def _task_priority(labels: Mapping[str, str]) -> int | Problem | None:
+    """KAI's ``kai.scheduler/task-priority`` label: an integer as Go's ``strconv.Atoi`` reads it (a sign, digits)."""
+    text = labels.get(names.TASK_PRIORITY_LABEL)
+    if text is None:
+        return None
+    if _SIGNED_INTEGER.match(text):
+        return int(text)
+    return Problem(
+        field=f"metadata.labels[{names.TASK_PRIORITY_LABEL}]",
+        message=f'{text!r} is not an integer such as "10"; the pod is ordered after the pods whose label is one',
     )
 
 

@@ -124,6 +124,10 @@ class PodRecord:
     pod_group: str | None = None
     """The ``pod-group-name`` annotation: the PodGroup (in the pod's namespace) the pod belongs to."""
     subgroup: str | None = None
+    task_priority: int | Problem | None = None
+    """KAI's ``kai.scheduler/task-priority`` label: the pod's place among its group's pending pods (higher first,
+    labelled before unlabelled); None without the label, a ``Problem`` when it is not an integer (KAI then orders
+    the pod after every valid one)."""
     devices: tuple[int, ...] = ()
     """The device indexes the binder recorded (``quotient.dev/gpu-devices``)."""
     share_milli: int = 0
@@ -174,6 +178,9 @@ class NodeRecord:
     ready: bool = False
     unschedulable: bool = False
     device_memory_bytes: int = 0
+    health_cleared_ns: int | Problem = 0
+    """When an operator cleared the node's GPU health reports (``quotient.dev/gpu-health-cleared-at``); 0: never; a
+    ``Problem`` when the annotation is not a time."""
     """Per device, from the ``nvidia.com/gpu.memory`` label; 0 when unknown."""
 
     @property
@@ -202,6 +209,21 @@ class QueueRecord:
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class SubGroupSpec:
+    """One entry of a PodGroup's ``spec.subGroups`` as written: a node of KAI's subgroup tree (v0.13 and later).
+
+    A leaf (no other entry names it as ``parent``) holds pods, which name it in ``kai.scheduler/subgroup-name``, and
+    needs ``min_member`` of them; a mid-level subgroup needs ``min_subgroup`` of its direct children satisfied (all of
+    them when unset). KAI's meaning of the unset and zero values: a leaf's ``minMember`` unset or 0 is no gang
+    requirement for that leaf."""
+
+    name: str
+    parent: str | None = None
+    min_member: int | None = None
+    min_subgroup: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class PodGroupRecord:
     """A ``scheduling.run.ai/v2alpha2`` PodGroup: the gang and how it is scheduled."""
 
@@ -219,6 +241,28 @@ class PodGroupRecord:
     preemptibility: str | None = None
     """``preemptible``, ``non-preemptible``, or None: decided by the priority."""
     subgroups: tuple[model.SubGroup, ...] = ()
+    """The leaf subgroups with their minimums, as the engine reads them today (a leaf's unset ``minMember`` reads
+    as 1, its 0 as 0); the whole tree, mid-level subgroups included, is ``subgroup_tree``."""
+    min_member_declared: int | None = None
+    """``spec.minMember`` as written (None: unset). 0 is KAI's "no gang requirement": every pod is elastic.
+    ``min_member`` reads 0 and unset as 1 until the engine tells them apart."""
+    min_subgroup: int | None = None
+    """``spec.minSubGroup``: how many of the top-level subgroups must be satisfied (None: all of them)."""
+    subgroup_tree: tuple[SubGroupSpec, ...] = ()
+    """Every ``spec.subGroups`` entry, in the order written, with its parent and minimums."""
+    preemption_delay_ns: int = 0
+    """``spec.preemptionDelay``, else the PodGroup's ``kai.scheduler/preemption-delay`` annotation: how long the
+    group must be pending, counted from ``max(created_ns, last_eviction_ns)``, before it may trigger evictions
+    (preempt, reclaim, consolidate). 0: none."""
+    last_eviction_ns: int = 0
+    """``kai.scheduler/last-eviction-timestamp`` (RFC 3339): when the scheduler last evicted the group; 0: never."""
+    staleness_grace_ns: int | None = None
+    """``spec.stalenessGracePeriod``, else the ``kai.scheduler/staleness-grace-period`` annotation: how long the
+    group may run below its minimum before it is evicted as stale. None: the scheduler's ``--stale-gang-grace``;
+    negative: never evicted as stale."""
+    problems: tuple[Problem, ...] = ()
+    """What in the spec could not be read (a bad duration, a broken subgroup tree, ...): each field at fault with
+    why. The rest of the record is still read; a field with a problem keeps its default."""
 
     @property
     def key(self) -> tuple[str, str]:

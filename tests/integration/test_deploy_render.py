@@ -319,6 +319,7 @@ CLUSTER_SCOPED = {
     "ClusterRoleBinding",
     "PriorityClass",
     "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration",
 }
 
 
@@ -761,6 +762,7 @@ def test_the_examples_fractions_are_the_shares_of_the_seeds_workflows() -> None:
 
 OVERLAY_CERT_MANAGER = REPO / "deploy" / "overlays" / "cert-manager"
 WEBHOOK_CONFIGURATION = "quotient-gpu-sharing"
+QUEUE_WEBHOOK_CONFIGURATION = "quotient-queue-validation"
 CERT_MANAGER_GROUP = "cert-manager.io"
 
 
@@ -842,7 +844,15 @@ def test_the_webhook_is_sent_only_pod_creations_of_our_scheduler_names_that_ask_
         names.GPU_MEMORY_ANNOTATION,
         names.GPU_FRACTION_NUM_DEVICES_ANNOTATION,
         names.GPU_FRACTION_CONTAINER_ANNOTATION,
+        names.GPU_COMPUTE_SHARING_MODE_ANNOTATION,
+        names.CONTAINER_ANNOTATION_PREFIX,
     }
+    # KAI v0.18's per-container keys (.gpu-memory.request, .gpu-memory.limit, .gpu-compute.mode and the binder's
+    # .gpus.devices) carry the container's name: the condition matches every key under their prefix.
+    assert (
+        f"object.metadata.annotations.exists(key, key.startsWith('{names.CONTAINER_ANNOTATION_PREFIX}'))"
+        in " ".join(conditions["asks-for-a-gpu-share"].split())
+    )
 
 
 def test_the_scheduler_may_read_and_update_its_own_webhook_configuration_and_no_other(rendered: list[Obj]) -> None:
@@ -855,7 +865,13 @@ def test_the_scheduler_may_read_and_update_its_own_webhook_configuration_and_no_
             "resources": ["mutatingwebhookconfigurations"],
             "resourceNames": [WEBHOOK_CONFIGURATION],
             "verbs": ["get", "update"],
-        }
+        },
+        {
+            "apiGroups": ["admissionregistration.k8s.io"],
+            "resources": ["validatingwebhookconfigurations"],
+            "resourceNames": [QUEUE_WEBHOOK_CONFIGURATION],
+            "verbs": ["get", "update"],
+        },
     ]
     assert binding["roleRef"]["name"] == "quotient-scheduler-webhook"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "quotient-scheduler", "namespace": NAMESPACE}]
@@ -873,7 +889,11 @@ def test_the_cert_manager_overlay_is_valid_and_changes_only_the_webhooks_certifi
         return (obj["kind"], obj["metadata"]["name"])
 
     built_in = [obj for obj in rendered_cert_manager if not obj["apiVersion"].startswith(CERT_MANAGER_GROUP + "/")]
-    changed = {("Deployment", "quotient-scheduler"), ("MutatingWebhookConfiguration", WEBHOOK_CONFIGURATION)}
+    changed = {
+        ("Deployment", "quotient-scheduler"),
+        ("MutatingWebhookConfiguration", WEBHOOK_CONFIGURATION),
+        ("ValidatingWebhookConfiguration", QUEUE_WEBHOOK_CONFIGURATION),
+    }
     removed = {("ClusterRole", "quotient-scheduler-webhook"), ("ClusterRoleBinding", "quotient-scheduler-webhook")}
 
     _validate_objects(built_in, crd_validators, "cert-manager")
@@ -892,6 +912,8 @@ def test_the_cert_manager_overlay_serves_the_certificate_whose_ca_it_injects(ren
 
     objects = rendered_cert_manager
     annotations = _one(objects, "MutatingWebhookConfiguration", WEBHOOK_CONFIGURATION)["metadata"]["annotations"]
+    queue_configuration = _one(objects, "ValidatingWebhookConfiguration", QUEUE_WEBHOOK_CONFIGURATION)
+    assert queue_configuration["metadata"]["annotations"] == annotations, "both trust the CA cert-manager injects"
     namespace, _, name = annotations["cert-manager.io/inject-ca-from"].partition("/")
     serving = _one(objects, "Certificate", name)
     deployment = _scheduler(objects)
@@ -921,3 +943,93 @@ def test_the_cert_manager_overlay_serves_the_certificate_whose_ca_it_injects(ren
     assert quantities.parse_duration_s(ca_certificate["spec"]["duration"]) > 2 * quantities.parse_duration_s(
         serving["spec"]["duration"]
     )
+
+
+# --- KAI v0.15-v0.18: the PodGroup's new fields, KAI's PriorityClasses, the queue webhook ---
+
+KAI_MANIFESTS = REPO / "tests" / "integration" / "emulator" / "kai"
+
+
+def test_kais_four_priority_classes_ship_with_the_base_without_a_preemption_policy(rendered: list[Obj]) -> None:
+    classes = {obj["metadata"]["name"]: obj for obj in _by_kind(rendered, "PriorityClass")}
+
+    assert {name: obj["value"] for name, obj in classes.items()} == names.KAI_PRIORITY_CLASSES
+    for name, obj in classes.items():
+        # preemptionPolicy Never would mean "may not preempt"; KAI's chart leaves the API server's default.
+        assert "preemptionPolicy" not in obj, name
+        assert not obj.get("globalDefault"), name
+        assert "namespace" not in obj["metadata"], name
+
+
+def test_the_queue_webhook_is_sent_queue_creations_and_updates_on_the_path_the_scheduler_serves(
+    rendered: list[Obj],
+) -> None:
+    from scheduler.kube import webhook
+
+    [entry] = _one(rendered, "ValidatingWebhookConfiguration", QUEUE_WEBHOOK_CONFIGURATION)["webhooks"]
+    settings = _webhook_settings(_container(_scheduler(rendered), "scheduler"))
+    mutating = _webhook_entry(rendered)
+
+    assert settings.queue_configuration == QUEUE_WEBHOOK_CONFIGURATION
+    assert entry["clientConfig"]["service"] == {
+        **mutating["clientConfig"]["service"],
+        "path": webhook.VALIDATE_QUEUES_PATH,
+    }
+    assert "caBundle" not in entry["clientConfig"], "each replica writes its own CA; apply must not erase them"
+    assert entry["rules"] == [
+        {
+            "operations": ["CREATE", "UPDATE"],
+            "apiGroups": [OUR_GROUP],
+            "apiVersions": ["v2"],
+            "resources": ["queues"],
+            "scope": "Cluster",
+        }
+    ]
+    assert entry["admissionReviewVersions"] == ["v1"] and entry["sideEffects"] == "None"
+    assert entry["failurePolicy"] == "Fail" and 1 <= entry["timeoutSeconds"] <= 10
+    # kustomize orders the configurations after the Queues, so a first install's queues are not sent to a webhook
+    # whose replicas do not run yet.
+    kinds = [obj["kind"] for obj in rendered]
+    assert kinds.index("ValidatingWebhookConfiguration") > max(i for i, kind in enumerate(kinds) if kind == "Queue")
+    assert _allows(_rules(rendered, "ClusterRole", "quotient-scheduler"), OUR_GROUP, "queues", "list")
+
+
+def test_the_podgroup_crd_has_kais_v018_fields_with_zero_minimums_at_both_levels(rendered: list[Obj]) -> None:
+    crd = _one(rendered, "CustomResourceDefinition", "podgroups.scheduling.run.ai")
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    item = spec["subGroups"]["items"]["properties"]
+
+    assert {"minSubGroup", "preemptionDelay", "stalenessGracePeriod", "topologyConstraint"} <= set(spec)
+    assert spec["minMember"]["minimum"] == spec["minSubGroup"]["minimum"] == 0
+    assert item["minMember"]["minimum"] == item["minSubGroup"]["minimum"] == 0
+    assert {"name", "parent", "minMember", "minSubGroup", "topologyConstraint"} <= set(item)
+    assert spec["preemptionDelay"]["type"] == spec["stalenessGracePeriod"]["type"] == "string"
+
+
+def _kai_manifests() -> list[tuple[str, Obj]]:
+    found = []
+    for path in sorted(KAI_MANIFESTS.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                found.append((path.name, doc))
+    assert found, "no KAI manifests"
+    return found
+
+
+def test_kais_v015_to_v018_manifests_are_valid_against_our_crds_and_misspelt_ones_are_not(
+    crd_validators: Mapping[tuple[str, str], Any],
+) -> None:
+    documents = _kai_manifests()
+    for where, doc in documents:
+        _validate_objects([doc], crd_validators, where)
+    podgroups = [doc for _, doc in documents if doc["kind"] == "PodGroup"]
+    assert {"preemptionDelay", "stalenessGracePeriod", "minSubGroup"} <= {key for pg in podgroups for key in pg["spec"]}
+    validator = crd_validators[("scheduling.run.ai/v2alpha2", "PodGroup")]
+    [tree] = [pg for pg in podgroups if pg["metadata"]["name"] == "replicated-serving"]
+    for broken in (
+        {**tree["spec"], "minMember": -1},
+        {**tree["spec"], "minSubGroups": 1},
+        {**tree["spec"], "subGroups": [{"name": "Replica_0"}]},
+        {**tree["spec"], "subGroups": [{"name": "a", "minMember": "2"}]},
+    ):
+        assert list(validator.iter_errors({**tree, "spec": broken})), broken

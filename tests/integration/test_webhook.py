@@ -284,3 +284,69 @@ async def test_both_replicas_are_trusted_through_one_ca_bundle_whichever_the_ser
         await world.route(replica)
         await world.run("create", "-f", "-", stdin=manifest(name, {"gpu-fraction": "0.25"}))
         assert (await world.pod(name))["spec"]["runtimeClassName"] == "nvidia"
+
+
+# --- KAI's queue webhook, the second path of the same server ---
+
+QUEUE_WEBHOOK = "queue-validation.quotient.dev"
+
+
+def queue_configuration() -> Obj:
+    """The ValidatingWebhookConfiguration for Queues exactly as ``kubectl apply -k deploy/base`` would send it."""
+    result = subprocess.run(
+        [require_tool("kubectl"), "kustomize", str(REPO / "deploy" / "base")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    [found] = [
+        doc for doc in yaml.safe_load_all(result.stdout) if doc and doc["kind"] == "ValidatingWebhookConfiguration"
+    ]
+    configuration: Obj = found
+    return configuration
+
+
+def queue_manifest(name: str, *, parent: str | None = None, gpu_quota: float | None = None) -> str:
+    spec: Obj = {}
+    if parent is not None:
+        spec["parentQueue"] = parent
+    if gpu_quota is not None:
+        spec["resources"] = {"gpu": {"quota": gpu_quota, "limit": -1, "overQuotaWeight": 1}}
+    return yaml.safe_dump(
+        {"apiVersion": "scheduling.run.ai/v2", "kind": "Queue", "metadata": {"name": name}, "spec": spec}
+    )
+
+
+@pytest.fixture
+async def queue_world(world: Cluster) -> Cluster:
+    created = world.emulator.run(lambda: world.emulator.emulator.create(queue_configuration()))
+    assert not isinstance(created, status.Failure), created
+
+    def trusted() -> bool:
+        stored = world.emulator.call(
+            lambda: world.emulator.emulator.get(
+                "admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration", "quotient-queue-validation"
+            )
+        )
+        return bool(stored and stored["webhooks"][0]["clientConfig"].get("caBundle"))
+
+    await polling.until(lambda: asyncio.to_thread(trusted), what="the replica's CA in the queue webhook's caBundle")
+    return world
+
+
+async def test_kubectl_apply_of_a_queue_without_resources_is_refused_with_the_reason(queue_world: Cluster) -> None:
+    result = await queue_world.run("apply", "-f", "-", stdin=queue_manifest("team-a"), check=False)
+
+    assert result.returncode != 0
+    assert f'admission webhook "{QUEUE_WEBHOOK}" denied the request: resources must be specified' in result.stderr
+    assert (await queue_world.run("get", "queue", "team-a", check=False)).returncode != 0, "nothing was stored"
+
+
+async def test_a_queue_quota_above_its_parents_is_admitted_with_a_warning_kubectl_prints(queue_world: Cluster) -> None:
+    await queue_world.run("apply", "-f", "-", stdin=queue_manifest("org", gpu_quota=2))
+
+    result = await queue_world.run("apply", "-f", "-", stdin=queue_manifest("team-a", parent="org", gpu_quota=3))
+
+    assert "queue.scheduling.run.ai/team-a created" in result.stdout
+    assert "Warning: child queue GPU quota (3) exceeds parent queue org GPU quota (2)" in result.stderr
