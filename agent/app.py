@@ -13,6 +13,7 @@ import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
+from agent import sampling
 from agent.gpus.probe import GpuProbe
 from agent.loop import AgentLoop
 from agent.metrics import CONTENT_TYPE, AgentMetrics
@@ -37,6 +38,14 @@ SETTINGS: tuple[Setting[object], ...] = (
     ),
     Setting(
         name="interval", parse=config.parse_positive_duration_s, default=1.0, help="sampling interval", metavar="DUR"
+    ),
+    Setting(
+        name="problem_hold",
+        parse=config.parse_positive_duration_s,
+        default=sampling.DEFAULT_PROBLEM_HOLD_NS / 1e9,
+        help="how long a critical Xid or an uncorrectable ECC error keeps its GPU reported unhealthy after it was last "
+        "seen (the scheduler keeps the GPU out of placement meanwhile; an operator can clear it sooner)",
+        metavar="DUR",
     ),
     Setting(name="metrics_port", parse=config.parse_port, default=9400, help="port of /metrics and /healthz (0: off)"),
     Setting(name="metrics_host", parse=config.parse_str, default="0.0.0.0", help="address /metrics listens on"),
@@ -126,6 +135,7 @@ async def serve(values: dict[str, object]) -> None:
         bus=bus,
         metrics=metrics,
         interval_s=float(str(values["interval"])),
+        problem_hold_ns=round(float(str(values["problem_hold"])) * 1e9),
     )
     loop_ref.append(agent)
     endpoint: HttpEndpoint | None = None

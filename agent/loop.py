@@ -66,7 +66,10 @@ class AgentLoop:
         interval_s: float,
         clock_ns: Callable[[], int] = time.time_ns,
         boot: str | None = None,
+        problem_hold_ns: int = sampling.DEFAULT_PROBLEM_HOLD_NS,
     ) -> None:
+        """``problem_hold_ns``: how long a critical Xid or an uncorrectable-ECC rise keeps its device reported
+        unhealthy after it was last seen (``--problem-hold``)."""
         self.node = node
         self.boot = boot or new_boot_id()
         self._probe = probe
@@ -78,7 +81,7 @@ class AgentLoop:
         self._clock_ns = clock_ns
         self._seq = 0
         self._opened = False
-        self._health = sampling.HealthTracker()
+        self._health = sampling.HealthTracker(hold_ns=problem_hold_ns)
         self._latest_payload: bytes | None = None
         self._latest_published = True
         self._last_tick_monotonic: float | None = None

@@ -24,14 +24,17 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+import urllib.request
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from common import clusterspec, command, logs, tasks
+from prometheus_client.parser import text_string_to_metric_families
+
+from common import clusterspec, command, logs, names, tasks
 from common.errors import QuotientError
 from common.natsconn import NatsBus
-from common.natsserver import NatsServer
+from common.natsserver import NatsServer, free_port
 from quotient import demo_scenario, demo_view
 from quotient.emulator.emulator import Emulator, EmulatorConfig
 from quotient.nodes import EmulatedNodes
@@ -72,6 +75,7 @@ async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Cal
     for name in nodes.fakes:
         emulator.add_runtime(runtime, node=name)
     scheduler_log = Path(workdir.name) / "scheduler.log"
+    metrics_port = free_port()  # the summary reads GpuUnhealthy off the scheduler's /metrics
     scheduler = await asyncio.create_subprocess_exec(
         *[
             sys.executable,
@@ -85,7 +89,9 @@ async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Cal
             "--no-leader-elect",
             "--no-webhook",
             "--metrics-port",
-            "0",
+            str(metrics_port),
+            "--metrics-host",
+            "127.0.0.1",
             # Live telemetry: measured headroom, and alerts on NATS that the viewer below prints.
             "--nats",
             nats.url,
@@ -123,6 +129,7 @@ async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Cal
         actions.spawn(noting_refusals(demo_scenario.delete_pod(emulator, "default", "gpu-pod")), name="free-a-gpu")
 
     a100 = sorted(name for name in nodes.fakes if name.startswith("a100"))[0]
+    failed: list[tuple[str, int]] = []
     scale = duration_s / 100
     steps = [
         Step(
@@ -143,8 +150,8 @@ async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Cal
         Step(at_s=45 * scale, note="gpu-pod ends: a GPU frees, the gang fits and binds whole", action=free_a_gpu),
         Step(
             at_s=60 * scale,
-            note=f"inject Xid 79 (GPU fell off the bus) on {a100} gpu 3",
-            action=lambda: nodes.fakes[a100].probe.inject_xid(3, 79),
+            note="inject Xid 79 (GPU fell off the bus) on a GPU a pod uses: GpuUnhealthy takes it out of placement",
+            action=lambda: failed.extend(fail_a_gpu(emulator, nodes, a100, note)),
         ),
         Step(
             at_s=70 * scale,
@@ -214,6 +221,8 @@ async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Cal
         ]
         if overuse:
             out(f"\nover-consumption alert received on NATS: {demo_view.alert_line(overuse[0])}")
+        if failed:
+            out("\n" + await gpu_unhealthy_summary(emulator, telemetry, metrics_port, *failed[0]))
         out(
             f"\ndemo finished: {len(bound)} pods bound (the 4-worker gang {gang_state}), "
             f"{telemetry.counts.get('telemetry', 0)} telemetry and {telemetry.counts.get('health', 0)} health "
@@ -239,6 +248,62 @@ async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Cal
         nodes.close()
         nats.close()
         workdir.cleanup()
+
+
+def fail_a_gpu(
+    emulator: Emulator, nodes: EmulatedNodes, fallback_node: str, note: Callable[[str], None]
+) -> list[tuple[str, int]]:
+    """Inject Xid 79 on a GPU a running whole-GPU pod uses (so its Event shows), else on ``fallback_node``'s GPU 3;
+    the (node, GPU) it failed."""
+    for pod in emulator.list("v1", "Pod"):
+        meta, spec = demo_view.meta_of(pod), pod.get("spec") or {}
+        node = str(spec.get("nodeName") or "")
+        devices = emulator.devices_of(str(meta.get("namespace")), str(meta.get("name"))) or ()
+        if node in nodes.fakes and devices and meta.get("namespace") != names.RESERVATION_NAMESPACE:
+            nodes.fakes[node].probe.inject_xid(devices[0], 79)
+            note(f"  Xid 79 on {node} gpu {devices[0]}, used by {meta.get('namespace')}/{meta.get('name')}")
+            return [(node, devices[0])]
+    nodes.fakes[fallback_node].probe.inject_xid(3, 79)
+    note(f"  Xid 79 on {fallback_node} gpu 3 (no whole-GPU pod was running)")
+    return [(fallback_node, 3)]
+
+
+async def gpu_unhealthy_summary(
+    emulator: Emulator, telemetry: demo_view.Telemetry, metrics_port: int, node: str, gpu: int
+) -> str:
+    """What the injected Xid raised, three ways: the NATS alert, the Events (node and pods), the /metrics series."""
+    alerts = [a for a in telemetry.alerts if a.get("name") == "GpuUnhealthy" and a.get("state") == "firing"]
+    about = sorted(_involved(event) for event in emulator.list("v1", "Event") if event.get("reason") == "GpuUnhealthy")
+    labels = {"alert": "GpuUnhealthy", "node": node, "gpu": str(gpu)}
+    value = await asyncio.to_thread(_scrape, metrics_port, "quotient_alert", labels)
+    series = "quotient_alert{" + ",".join(f'{key}="{val}"' for key, val in labels.items()) + "}"
+    return (
+        "GpuUnhealthy for the injected Xid:\n"
+        f"  NATS:     {demo_view.alert_line(alerts[0]) if alerts else 'no alert received'}\n"
+        f"  Events:   {', '.join(about) or 'none'}\n"
+        f"  /metrics: {series} {'absent' if value is None else f'{value:g}'}"
+    )
+
+
+def _involved(event: Mapping[str, Any]) -> str:
+    """The object an Event is about, as ``Kind namespace/name``."""
+    ref = event.get("involvedObject") or {}
+    where = "/".join(str(part) for part in (ref.get("namespace"), ref.get("name")) if part)
+    return f"{ref.get('kind')} {where}"
+
+
+def _scrape(port: int, name: str, labels: Mapping[str, str]) -> float | None:
+    """The value of the series ``name`` whose labels include ``labels`` on the scheduler's /metrics, or None."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and labels.items() <= sample.labels.items():
+                return float(sample.value)
+    return None
 
 
 def main(argv: Sequence[str]) -> int:

@@ -19,17 +19,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from common import command, logs, tasks
 from common.errors import BusError
 from common.httpendpoint import HttpEndpoint, Response
 from common.natsconn import NatsBus
-from scheduler import audit, intake, reporting, scheduling, sharing
+from scheduler import audit, containment, intake, reporting, scheduling, sharing, startup
 from scheduler.alerts import AlertSink
 from scheduler.dispatch import Dispatcher
-from scheduler.kube import binding, client, events, grouper, kubeapi, leases, statuswriter, watches, webhook
+from scheduler.kube import binding, client, events, grouper, kubeapi, leases, statuswriter, watches
 from scheduler.metrics import CONTENT_TYPE, SchedulerMetrics
+from scheduler.placement import engine
 from scheduler.settings import SETTINGS, Settings, settings_from
 from scheduler.state import cache, snapshot
 from scheduler.telemetry import live
@@ -50,7 +52,10 @@ class Scheduler:
         *,
         decisions: audit.DecisionPublisher | None = None,
         bus: NatsBus | None = None,
+        make_engine: Callable[[], containment.Planner] = engine.Engine,
     ) -> None:
+        """``make_engine`` makes the placement engine (a new one after a failed cycle); tests of containment pass
+        one that fails on purpose."""
         self.api = api
         self.settings = settings
         self.metrics = metrics
@@ -59,7 +64,9 @@ class Scheduler:
         self.live = (
             live.LiveTelemetry(settings.telemetry, self.state) if bus is not None and settings.telemetry else None
         )
-        self.builder = snapshot.SnapshotBuilder(self.state, config=settings.engine_config, measured=self.live)
+        self.builder = snapshot.SnapshotBuilder(
+            self.state, config=settings.engine_config, measured=self.live, on_error=self._failed
+        )
         self.recorder = events.EventRecorder(api, component="quotient-scheduler", instance=settings.election.identity)
         self.dispatcher = Dispatcher(
             self.state,
@@ -69,6 +76,7 @@ class Scheduler:
             quarantine=self._quarantine,
             reservation_timeout_s=settings.reservation.uuid_timeout_s,
             on_change=self._mark,
+            on_error=self._failed,
         )
         self.sharing = sharing.GroupKeeper(
             api,
@@ -78,12 +86,14 @@ class Scheduler:
             self.dispatcher,
             decisions=decisions,
             on_change=self._mark,
+            on_failure=self._failed,
         )
         self.dispatcher.binder = binding.Binder(
             api,
             report=self.dispatcher.on_report,
             concurrency=settings.bind_concurrency,
             reservations=self.sharing.manager,
+            on_failure=self._failed,
         )
         self.grouper = grouper.Grouper(
             api,
@@ -91,6 +101,7 @@ class Scheduler:
             recorder=self.recorder,
             on_grouped=self._grouped,
             still_unannotated=self.state.is_unannotated,
+            on_failure=self._failed,
         )
         self.intake = intake.Intake(
             self.state,
@@ -98,9 +109,10 @@ class Scheduler:
             reservations=self.sharing.manager,
             on_change=self._mark,
             forget_pod=self.dispatcher.pod_deleted,
+            on_error=self._failed,
         )
         self.reporter = reporting.StatusReporter(
-            self.state, statuswriter.StatusWriter(api, recorder=self.recorder), metrics
+            self.state, statuswriter.StatusWriter(api, recorder=self.recorder), metrics, on_error=self._failed
         )
         self.cycles = scheduling.Cycles(
             self.builder,
@@ -109,6 +121,7 @@ class Scheduler:
             synced=lambda: self.intake.all_synced,
             on_cycle=self.reporter.offer,
             debounce_s=settings.cycle_debounce_s,
+            make_engine=make_engine,
         )
         self.alerts = AlertSink(metrics=metrics, recorder=self.recorder, bus=bus, identity=settings.election.identity)
         self.consumer: TelemetryConsumer | None = None
@@ -125,6 +138,7 @@ class Scheduler:
                 metrics=metrics,
                 on_headroom=self._mark,
                 debounce_s=settings.cycle_debounce_s,
+                on_error=self._failed,
             )
 
     @property
@@ -134,6 +148,14 @@ class Scheduler:
 
     def _mark(self) -> None:
         self.cycles.mark()
+
+    def _loop_failed(self, name: str, exc: BaseException) -> None:
+        """A supervised loop failed (and restarts): counted apart from the faults its steps catch themselves."""
+        self._failed(f"loop_{name}", exc)
+
+    def _failed(self, where: str, exc: BaseException) -> None:
+        """A fault caught at a boundary and survived: counted by where it was caught (a bounded set of names)."""
+        self.metrics.internal_error(where.split(":", 1)[0])
 
     def _grouped(self, uid: str, name: str) -> None:
         self.state.note_group(uid, name)
@@ -154,19 +176,22 @@ class Scheduler:
             for kind in intake.KINDS
         ]
         self.metrics.leader.set(1)
-        await self.sharing.manager.ensure_namespace()
         try:
+            # Every loop is supervised: a fault in one is logged, counted and the loop started again; the others and
+            # the process go on (issue "never down").
+            loops: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = [
+                *((f"watch:{reflector.name}", reflector.run) for reflector in reflectors),
+                ("events", self.recorder.run),
+                ("cycles", self.cycles.run),
+                ("status", self.reporter.run),
+                ("sharing", lambda: self.sharing.run(lambda: self.ready)),
+                ("alerts", self.alerts.run),
+            ]
+            if self.consumer is not None and self.telemetry is not None:
+                loops += [("telemetry-consumer", self.consumer.run), ("telemetry", self.telemetry.run)]
             async with asyncio.TaskGroup() as group:
-                for reflector in reflectors:
-                    group.create_task(tasks.guard(reflector.run(), name=f"watch:{reflector.name}"))
-                group.create_task(tasks.guard(self.recorder.run(), name="events"))
-                group.create_task(tasks.guard(self.cycles.run(), name="cycles"))
-                group.create_task(tasks.guard(self.reporter.run(), name="status"))
-                group.create_task(tasks.guard(self.sharing.run(lambda: self.ready), name="sharing"))
-                group.create_task(tasks.guard(self.alerts.run(), name="alerts"))
-                if self.consumer is not None and self.telemetry is not None:
-                    group.create_task(tasks.guard(self.consumer.run(), name="telemetry-consumer"))
-                    group.create_task(tasks.guard(self.telemetry.run(), name="telemetry"))
+                for name, work in loops:
+                    group.create_task(tasks.supervise(work, name=name, on_failure=self._loop_failed))
         finally:
             self.metrics.leader.set(0)
             await self.sharing.cancel()
@@ -174,14 +199,20 @@ class Scheduler:
             await self.grouper.cancel()
 
 
-def _endpoint(settings: Settings, metrics: SchedulerMetrics, ready: Callable[[], bool]) -> HttpEndpoint:
+def _endpoint(
+    settings: Settings, metrics: SchedulerMetrics, leading: Sequence[Scheduler], problems: startup.Readiness
+) -> HttpEndpoint:
     def readiness() -> Response:
-        leading = ready()
-        return Response(status=200 if leading else 503, body=b"leading and synced\n" if leading else b"standby\n")
+        if problems.problem:
+            return Response(status=503, body=f"not ready: {problems.problem}\n".encode())
+        if leading and leading[0].ready:
+            return Response(body=b"leading and synced\n")
+        return Response(status=503, body=b"standby\n")
 
     return HttpEndpoint(
         host=settings.metrics_host,
         port=settings.metrics_port,
+        flag="--metrics-port",
         routes={
             "/metrics": lambda: Response(content_type=CONTENT_TYPE, body=metrics.render()),
             "/healthz": lambda: Response(body=b"ok\n"),
@@ -205,10 +236,10 @@ async def serve(settings: Settings) -> None:
     api = await client.KubeClient.connect(kubeconfig=settings.kubeconfig, server=settings.kube_server)
     leading: list[Scheduler] = []
     side = tasks.TaskSet("scheduler")
-    endpoint = (
-        _endpoint(settings, metrics, lambda: bool(leading) and leading[0].ready) if settings.metrics_port else None
-    )
+    readiness = startup.Readiness()
+    endpoint = _endpoint(settings, metrics, leading, readiness) if settings.metrics_port else None
     bus: NatsBus | None = None
+    serving: asyncio.Task[None] | None = None
     try:
         if endpoint is not None:
             await endpoint.start()
@@ -225,7 +256,17 @@ async def serve(settings: Settings) -> None:
             side.spawn(_connect_nats(bus), name="nats")
         # Every replica serves the admission webhook (a standby too: pod creation must not wait for an election).
         if settings.webhook.enabled:
-            side.spawn(webhook.serve(api, settings.webhook, scheduler_names=settings.scheduler_names), name="webhook")
+            serving = await startup.start_webhook(api, settings.webhook, scheduler_names=settings.scheduler_names)
+        # A fresh cluster: the namespaces written into exist, or are made, or the reason is logged and on /readyz.
+        needed = [
+            (settings.election.namespace, "the scheduler's Lease", "or set --lease-namespace to one that exists"),
+            (
+                settings.reservation.namespace,
+                "the reservation pods of shared GPUs",
+                "or set --reservation-namespace to one that exists",
+            ),
+        ]
+        await startup.namespaces_ready(api, needed, readiness)
 
         async def lead() -> None:
             scheduler = Scheduler(api, settings, metrics, decisions=decisions, bus=bus)
@@ -241,6 +282,9 @@ async def serve(settings: Settings) -> None:
         await leases.LeaderElector(api, settings.election).run(lead)
         log.warning("leadership_lost", identity=settings.election.identity)
     finally:
+        if serving is not None:
+            serving.cancel()
+            await asyncio.gather(serving, return_exceptions=True)
         await side.cancel()
         if bus is not None:
             await bus.close()

@@ -89,7 +89,9 @@ class Dispatcher:
         reservation_timeout_s: float,
         on_change: Callable[[], None],
         clock_s: Callable[[], float] = time.perf_counter,
+        on_error: Callable[[str, BaseException], None] = lambda where, exc: None,
     ) -> None:
+        self._on_error = on_error
         self._state = state
         self._metrics = metrics
         self._recorder = recorder
@@ -126,53 +128,69 @@ class Dispatcher:
     # --- plans ---
 
     def dispatch(self, result: plan.Plan, snapshot: model.Snapshot, *, cycle: int) -> None:
-        """Assume every placement and hand it to the binder; nominate; evict the victims."""
+        """Assume every placement and hand it to the binder; nominate; evict the victims. A decision that cannot be
+        carried out (a fault) is logged with its pod, counted and skipped; the others go on."""
         self.cycle = cycle
-        state = self._state
         for placement in result.placements:
-            uid = str(placement.pod)
-            pod = state.pods.get(uid)
-            if pod is None or uid in state.assumed:
-                continue
-            groups = tuple(binding.label_safe_group(str(group)) for group in placement.gpu_groups)
-            share = placement.share_milli[0] if placement.share_milli else 0
-            state.assume(
-                uid,
-                Assumption(node=str(placement.node), devices=placement.devices, share_milli=share, gpu_groups=groups),
-            )
-            group = snapshot.groups.get(placement.group)
-            self._record(pod).bind = Bind(
-                node=str(placement.node),
-                devices=placement.devices,
-                gpu_group=groups[0] if groups else None,
-                queue=str(group.queue) if group is not None else None,
-                cycle=cycle,
-                started_s=self._clock_s(),
-            )
-            extra = {}
-            if not pod.pod_group and uid in state.decided:
-                extra[names.POD_GROUP_ANNOTATION] = state.decided[uid]
-            self._binder().submit_bind(pod_ref(pod), placement, groups, extra, configmap=pod.configmap)
+            self._contained(self._place, placement, snapshot, cycle, pod=placement.pod)
         for nomination in result.nominations:
-            pod = state.pods.get(str(nomination.pod))
-            if pod is None or pod.nominated_node == str(nomination.node):
-                continue
-            self._binder().submit_nomination(pod_ref(pod), str(nomination.node))
+            self._contained(self._nominate, nomination, pod=nomination.pod)
         for eviction in result.evictions:
-            pod = state.pods.get(str(eviction.pod))
-            if pod is None:
-                continue
-            evicting = self.evict(
-                pod,
-                node=str(eviction.node),
-                disruption=DISRUPTION_REASONS.get(eviction.reason, names.PREEMPTION_BY_SCHEDULER),
-                message=eviction.message,
-                decision_reason="Evicted",
-                metric=eviction.reason.value,
-            )
-            if evicting:
-                ref = events.ObjectRef.of_record(pod)
-                self._recorder.record(ref, type=events.EventType.WARNING, reason="Evict", message=eviction.message)
+            self._contained(self._evict_victim, eviction, pod=eviction.pod)
+
+    def _contained(self, action: Callable[..., None], *args: object, pod: model.PodUid) -> None:
+        try:
+            action(*args)
+        except Exception as exc:
+            log.exception("dispatch_failed", pod=str(pod), action=action.__name__.strip("_"))
+            self._on_error("dispatch", exc)
+
+    def _place(self, placement: decisions.Placement, snapshot: model.Snapshot, cycle: int) -> None:
+        state = self._state
+        uid = str(placement.pod)
+        pod = state.pods.get(uid)
+        if pod is None or uid in state.assumed:
+            return
+        groups = tuple(binding.label_safe_group(str(group)) for group in placement.gpu_groups)
+        share = placement.share_milli[0] if placement.share_milli else 0
+        state.assume(
+            uid,
+            Assumption(node=str(placement.node), devices=placement.devices, share_milli=share, gpu_groups=groups),
+        )
+        group = snapshot.groups.get(placement.group)
+        self._record(pod).bind = Bind(
+            node=str(placement.node),
+            devices=placement.devices,
+            gpu_group=groups[0] if groups else None,
+            queue=str(group.queue) if group is not None else None,
+            cycle=cycle,
+            started_s=self._clock_s(),
+        )
+        extra = {}
+        if not pod.pod_group and uid in state.decided:
+            extra[names.POD_GROUP_ANNOTATION] = state.decided[uid]
+        self._binder().submit_bind(pod_ref(pod), placement, groups, extra, configmap=pod.configmap)
+
+    def _nominate(self, nomination: decisions.Placement) -> None:
+        pod = self._state.pods.get(str(nomination.pod))
+        if pod is not None and pod.nominated_node != str(nomination.node):
+            self._binder().submit_nomination(pod_ref(pod), str(nomination.node))
+
+    def _evict_victim(self, eviction: decisions.Eviction) -> None:
+        pod = self._state.pods.get(str(eviction.pod))
+        if pod is None:
+            return
+        evicting = self.evict(
+            pod,
+            node=str(eviction.node),
+            disruption=DISRUPTION_REASONS.get(eviction.reason, names.PREEMPTION_BY_SCHEDULER),
+            message=eviction.message,
+            decision_reason="Evicted",
+            metric=eviction.reason.value,
+        )
+        if evicting:
+            ref = events.ObjectRef.of_record(pod)
+            self._recorder.record(ref, type=events.EventType.WARNING, reason="Evict", message=eviction.message)
 
     # --- evictions ---
 

@@ -14,12 +14,20 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
+from common import logs
 from scheduler.kube import grouper, kubeapi, reservations, watches
 from scheduler.objects import nodes, podgroups, pods, queues
 from scheduler.objects.records import NodeRecord, PodGroupRecord, PodRecord, PriorityClassRecord, QueueRecord
 from scheduler.state.cache import ClusterState
 
+log = logs.get("scheduler")
+
 R = TypeVar("R", bound=watches.Record)
+
+
+def _name_of(record: object) -> str:
+    namespace, name = getattr(record, "namespace", ""), getattr(record, "name", "")
+    return f"{namespace}/{name}" if namespace else str(name)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -44,8 +52,10 @@ class Intake:
         reservations: reservations.ReservationManager,
         on_change: Callable[[], None],
         forget_pod: Callable[[str], None],
+        on_error: Callable[[str, BaseException], None] = lambda where, exc: None,
     ) -> None:
         self.state = state
+        self._on_error = on_error
         self._grouper = grouper
         self._reservations = reservations
         self._on_change = on_change
@@ -61,12 +71,18 @@ class Intake:
         """The reflector's callback for ``kind``."""
 
         async def handle(event: watches.ReflectorEvent[R]) -> None:
-            if isinstance(event, watches.Synced):
-                self.synced.add(kind.name)
-            elif isinstance(event, watches.Deleted):
-                kind.delete(self, event.record)
-            else:
-                kind.put(self, event.record)
+            try:
+                if isinstance(event, watches.Synced):
+                    self.synced.add(kind.name)
+                elif isinstance(event, watches.Deleted):
+                    kind.delete(self, event.record)
+                else:
+                    kind.put(self, event.record)
+            except Exception as exc:
+                # One object that trips a handler is logged with its name and skipped; the watch goes on.
+                record = getattr(event, "record", None)
+                log.exception("watch_event_failed", kind=kind.name, object=_name_of(record))
+                self._on_error("watch", exc)
             self._on_change()
 
         return handle

@@ -30,6 +30,10 @@ _RESOURCES: tuple[tuple[str, int, Callable[[Resources], int]], ...] = (
 """Label, divisor and reading: milli-GPU to devices, millicores to cores, bytes stay bytes."""
 UNLIMITED = Resources(milli_gpu=-1, milli_cpu=-1, memory_bytes=-1)
 
+INTERNAL_ERROR_BOUNDARIES = ("cycle", "engine", "watch", "snapshot", "dispatch", "telemetry", "status", "sharing")
+"""The ``where`` of ``quotient_internal_errors_total`` for the boundaries every scheduler has (a failed loop is
+``loop_<name>``, a failed fire-and-forget task the part of its name before ``:``)."""
+
 
 def _setting(amount: int, divisor: int) -> float:
     """A quota or limit in display units; -1 (unlimited) stays -1."""
@@ -59,6 +63,20 @@ class SchedulerMetrics:
             "quotient_pending_groups", "Pod groups left pending by the last cycle, by reason", ["reason"], registry=r
         )
         self.leader = Gauge("quotient_scheduler_leader", "1 while this replica leads", registry=r)
+        self.internal_errors = Counter(
+            "quotient_internal_errors_total",
+            "Faults caught at a boundary (a cycle, a watch handler, a background loop) that the scheduler survived",
+            ["where"],
+            registry=r,
+        )
+        for where in INTERNAL_ERROR_BOUNDARIES:
+            # At 0 from the start, so a first fault is a visible increase (a series born at 1 shows none).
+            self.internal_errors.labels(where)
+        self.quarantined_groups = Gauge(
+            "quotient_quarantined_groups",
+            "Pod groups left out of cycles because the cycle failed with them three times in a row (quarantined now)",
+            registry=r,
+        )
         self.rejected_pods = Gauge(
             "quotient_pods_rejected",
             "Pods left out of scheduling because their spec cannot be read",
@@ -281,6 +299,10 @@ class SchedulerMetrics:
         self._advance(self.telemetry_messages, "messages", "rejected", sum(rejected.values()))
         for reason, total in rejected.items():
             self._advance(self.telemetry_rejected, "rejected", reason, total)
+
+    def internal_error(self, where: str, _exc: BaseException | None = None) -> None:
+        """Count a fault the scheduler caught and survived (``where``: the boundary that caught it)."""
+        self.internal_errors.labels(where).inc()
 
     def count_rejected(self, reason: str, amount: int) -> None:
         """Add rejections counted here and nowhere else (claims about pods of other nodes)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from common import logs
 from scheduler.kube import statuswriter
@@ -29,7 +30,15 @@ QUEUE_STATUS_PERIOD_S = 2.0
 class StatusReporter:
     """Writes the newest cycle's statuses; ``run()`` until cancelled."""
 
-    def __init__(self, state: ClusterState, writer: statuswriter.StatusWriter, metrics: SchedulerMetrics) -> None:
+    def __init__(
+        self,
+        state: ClusterState,
+        writer: statuswriter.StatusWriter,
+        metrics: SchedulerMetrics,
+        *,
+        on_error: Callable[[str, BaseException], None] = lambda where, exc: None,
+    ) -> None:
+        self._on_error = on_error
         self._state = state
         self._writer = writer
         self._metrics = metrics
@@ -51,6 +60,9 @@ class StatusReporter:
                 await self.write()
             except KubeError as exc:
                 log.warning("status_write_failed", error=str(exc))
+            except Exception as exc:
+                log.exception("status_write_broke")
+                self._on_error("status", exc)
 
     async def write(self) -> None:
         if self._latest is None:

@@ -43,6 +43,7 @@ class GroupKeeper:
         *,
         decisions: DecisionPublisher | None,
         on_change: Callable[[], None],
+        on_failure: tasks.OnFailure | None = None,
     ) -> None:
         self._api = api
         self._state = state
@@ -50,7 +51,8 @@ class GroupKeeper:
         self._dispatcher = dispatcher
         self._decisions = decisions
         self._on_change = on_change
-        self._tasks = tasks.TaskSet("sharing")
+        self._on_failure = on_failure
+        self._tasks = tasks.TaskSet("sharing", on_failure=on_failure)
         self._sharers = gpugroups.Sharers(state)
         self.manager = reservations.ReservationManager(api, settings, on_transition=self._step)
 
@@ -100,6 +102,10 @@ class GroupKeeper:
                 await self.reconcile()
             except KubeError as exc:
                 log.warning("reservation_reconcile_failed", error=str(exc))
+            except Exception as exc:
+                log.exception("reservation_reconcile_broke")
+                if self._on_failure is not None:
+                    self._on_failure("sharing", exc)
 
     async def reconcile(self) -> None:
         """One round: drain reservations without pods, expire stuck ones, handle pods whose reservation vanished."""

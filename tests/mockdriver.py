@@ -123,8 +123,10 @@ def agent(
     interval_s: float = 0.2,
     metrics_port: int = 0,
     library_path: Sequence[Path] = (),
+    extra: Sequence[str] = (),
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """``quotient agent`` over ``mock`` (None: only ``library_path`` on the loader's path); stopped at the end."""
+    """``quotient agent`` over ``mock`` (None: only ``library_path`` on the loader's path), with ``extra`` flags;
+    stopped at the end."""
     arguments = nodes_processes.agent_arguments(
         node=node,
         nats_url=nats_url,
@@ -138,7 +140,7 @@ def agent(
         env["LD_LIBRARY_PATH"] = os.pathsep.join(str(path) for path in library_path)
     with log_file.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "quotient.cli", "agent", *arguments],
+            [sys.executable, "-m", "quotient.cli", "agent", *arguments, *extra],
             cwd=REPO,
             env={**env, "PYTHONUNBUFFERED": "1"},
             stdin=subprocess.DEVNULL,

@@ -150,6 +150,7 @@ class Binder:
         backoff: Backoff | None = None,
         max_attempts: int = 6,
         reservations: reservations.ReservationManager | None = None,
+        on_failure: tasks.OnFailure | None = None,
     ) -> None:
         self._api = api
         self._reservations = reservations
@@ -157,7 +158,7 @@ class Binder:
         self._slots = asyncio.Semaphore(concurrency)
         self._backoff = backoff or Backoff(base_s=0.05, cap_s=2.0)
         self._max_attempts = max_attempts
-        self._tasks = tasks.TaskSet("binder")
+        self._tasks = tasks.TaskSet("binder", on_failure=on_failure)
 
     def submit_bind(
         self,

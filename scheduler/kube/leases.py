@@ -264,8 +264,14 @@ class LeaderElector:
             )
             self._observe(updated)
             return True
-        except (KubeConflict, KubeAlreadyExists, KubeNotFound):
-            # Another candidate wrote first (or deleted the lease); read again at the next retry.
+        except (KubeConflict, KubeAlreadyExists):
+            # Another candidate wrote first; read again at the next retry.
+            return False
+        except KubeNotFound as exc:
+            # The lease vanished between the read and the write, or its namespace does not exist: say which.
+            log.warning(
+                "lease_not_found", lease=f"{config.namespace}/{config.name}", identity=config.identity, error=str(exc)
+            )
             return False
         except KubeError as exc:
             log.warning("lease_attempt_failed", identity=config.identity, error=str(exc))

@@ -174,21 +174,6 @@ class ReservationManager:
         self.created = 0
         self.deleted = 0
 
-    async def ensure_namespace(self) -> None:
-        """Create the reservation namespace when it is missing (the deploy manifests make it; the emulator and
-        hand-made clusters may not). A refusal is logged: creating a reservation will then say what is wrong."""
-        try:
-            if await self._api.get(kubeapi.NAMESPACES, name=self.settings.namespace) is None:
-                await self._api.create(
-                    kubeapi.NAMESPACES,
-                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.settings.namespace}},
-                )
-                log.info("reservation_namespace_created", namespace=self.settings.namespace)
-        except KubeAlreadyExists:
-            pass
-        except KubeError as exc:
-            log.warning("reservation_namespace_unavailable", namespace=self.settings.namespace, error=str(exc))
-
     # --- from the watch ---
 
     def observe(self, pod: PodRecord) -> None:

@@ -39,7 +39,24 @@ def decode(obj: Mapping[str, Any]) -> NodeRecord | None:
         ready=_ready(fields.mapping(obj.get("status"))),
         unschedulable=bool(spec.get("unschedulable")),
         device_memory_bytes=_device_memory(labels),
+        health_cleared_ns=_health_cleared(fields.string_map(meta.get("annotations"))),
     )
+
+
+def _health_cleared(annotations: Mapping[str, str]) -> int | Problem:
+    """The operator's clearing time in ns (0: none), or a Problem when it is not an RFC 3339 time (the reports keep
+    counting, and the operator is told)."""
+    value = annotations.get(names.GPU_HEALTH_CLEARED_ANNOTATION)
+    if value is None or not value.strip():
+        return 0
+    cleared_ns = fields.timestamp_ns(value.strip())
+    if cleared_ns <= 0:
+        return Problem(
+            field=f"metadata.annotations[{names.GPU_HEALTH_CLEARED_ANNOTATION}]",
+            message=f"{value!r} is not an RFC 3339 time (like 2026-11-26T17:00:00Z); the GPU health reports of this "
+            "node are not cleared",
+        )
+    return cleared_ns
 
 
 def _capacity(allocatable: Mapping[str, Any]) -> tuple[Resources, int] | Problem:

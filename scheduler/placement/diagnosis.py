@@ -81,7 +81,7 @@ def _explain_whole(cap: capacity.Capacity, shape: shapes.Shape, eligible: tuple[
     ]
     if held:
         text += "; " + "; ".join(held)
-    return status.Reason.NO_GPU_FITS, text
+    return status.Reason.NO_GPU_FITS, text + _unhealthy_text(cap, eligible)
 
 
 def _explain_share(cap: capacity.Capacity, shape: shapes.Shape, eligible: tuple[int, ...]) -> tuple[status.Reason, str]:
@@ -99,7 +99,8 @@ def _explain_share(cap: capacity.Capacity, shape: shapes.Shape, eligible: tuple[
                 if best is None or key > best:
                     best = key
     if best is None:
-        return status.Reason.NO_GPU_FITS, "no GPU is free or shared on any node the pod may use"
+        text = "no GPU is free or shared on any node the pod may use"
+        return status.Reason.NO_GPU_FITS, text + _unhealthy_text(cap, eligible)
     work = cap.by_order[-best[1]]
     device = -best[2]
     need = work.share_on_each(share)[device]
@@ -118,7 +119,21 @@ def _explain_share(cap: capacity.Capacity, shape: shapes.Shape, eligible: tuple[
         text += f"; {quantities.format_bytes(unattributed)} held by a process of no pod"
     if share.devices > 1:
         text += f" ({share.devices} devices needed)"
-    return status.Reason.NO_GPU_FITS, text
+    return status.Reason.NO_GPU_FITS, text + _unhealthy_text(cap, eligible)
+
+
+def _unhealthy_text(cap: capacity.Capacity, eligible: tuple[int, ...]) -> str:
+    """The devices the pod may use that are out of placement as unhealthy (an Xid, a lost GPU), by node."""
+    out = [
+        f"{work.name} gpu {','.join(str(device) for device, healthy in enumerate(work.dev_healthy) if not healthy)}"
+        for cls in eligible
+        for work in (cap.by_order[order] for order in cap.classes[cls].members)
+        if not all(work.dev_healthy)
+    ]
+    if not out:
+        return ""
+    shown = "; ".join(out[:3]) + (f"; and {len(out) - 3} more node(s)" if len(out) > 3 else "")
+    return f"; out of placement as unhealthy: {shown}"
 
 
 def free_summary(searcher: search.Searcher, shape: shapes.Shape) -> str:

@@ -127,7 +127,11 @@ class Searcher:
         return found
 
     def could_ever_hold(self, shape: shapes.Shape) -> bool:
-        """Could some empty node the pod may use hold it (enough CPU, memory, slots and healthy devices)?"""
+        """Could some empty node the pod may use hold it (enough CPU, memory, slots and devices)?
+
+        Devices out of placement as unhealthy count here: a device the agent reports broken may come back (the
+        agent's hold ends, an operator clears it), so it makes a pod wait, not ``NeverFits``.
+        """
         self.eligible(shape.constraints)  # resets the caches when the node structure changed
         found = self._ever.get(shape)
         if found is None:
@@ -141,12 +145,12 @@ class Searcher:
         return found
 
     def devices_offered(self, constraints: filters.Constraints) -> int:
-        """How many healthy devices the nodes a pod may use have in all."""
+        """How many devices the nodes a pod may use have in all, unhealthy ones included (see ``could_ever_hold``)."""
         eligible = self.eligible(constraints)
         found = self._offered.get(constraints)
         if found is None:
             cap = self.capacity
-            found = sum(sum(cap.by_order[order].dev_healthy) for cls in eligible for order in cap.classes[cls].members)
+            found = sum(len(cap.by_order[order].dev_healthy) for cls in eligible for order in cap.classes[cls].members)
             self._offered[constraints] = found
         return found
 
@@ -277,12 +281,12 @@ def _could_hold_when_empty(work: nodework.NodeWork, shape: shapes.Shape) -> bool
         or allocatable.pods < shape.pods
     ):
         return False
-    healthy = sum(work.dev_healthy)
+    devices = len(work.dev_healthy)
     share = shape.share
-    if shape.whole_gpus and healthy < shape.whole_gpus:
+    if shape.whole_gpus and devices < shape.whole_gpus:
         return False
     if share is not None:
-        if healthy < share.devices:
+        if devices < share.devices:
             return False
         if share.memory_bytes and not any(
             model.share_milli_on(share, memory) <= model.MILLI_GPU_PER_DEVICE for memory in work.dev_mem

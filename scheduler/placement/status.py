@@ -38,6 +38,9 @@ class Reason(enum.StrEnum):
     WAITING_FOR_PREEMPTION = "WaitingForPreemption"
     WAITING_FOR_CONSOLIDATION = "WaitingForConsolidation"
     QUEUE_DOES_NOT_EXIST = "QueueDoesNotExist"
+    SCHEDULING_ERROR = "SchedulingError"
+    """The cycle failed with this group: retried at once, and left out for a while after three failures in a row (the
+    shell's containment, ``scheduler.containment``)."""
     NEVER_FITS = "NeverFits"
     NOT_ENOUGH_PODS = "NotEnoughPods"
     """Fewer members exist than the gang's minimum (the owner has not created them yet)."""

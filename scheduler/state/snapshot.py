@@ -18,16 +18,20 @@ malformed spec, a missing parent or a parent cycle is left out with a condition,
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
+from common import logs
 from scheduler.objects import gpurequest
-from scheduler.objects.records import Phase, PodRecord, Problem
+from scheduler.objects.records import NodeRecord, Phase, PodRecord, Problem
 from scheduler.placement import model
 from scheduler.state import models
 from scheduler.state.cache import ClusterState, GroupKey
 from scheduler.state.models import QueueIssue
 from scheduler.telemetry import headroom
+from scheduler.telemetry import health as gpuhealth
+
+log = logs.get("scheduler")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,16 +63,49 @@ class MeasuredDevices(Protocol):
         """The nodes whose views changed since the last call."""
         ...
 
+    def health(self, node: str) -> gpuhealth.Verdict:
+        """Which devices of ``node`` its agent reports broken (``gpuhealth.HEALTHY`` when none)."""
+        ...
 
-def with_measured(node: model.Node, views: Mapping[int, headroom.DeviceView] | None) -> model.Node:
-    """``node`` with each device's measured fields from ``views`` (absent devices: no telemetry); the same object
-    when nothing changes."""
-    if views is None:
+
+def with_measured(
+    node: model.Node,
+    views: Mapping[int, headroom.DeviceView] | None,
+    verdict: gpuhealth.Verdict = gpuhealth.HEALTHY,
+) -> model.Node:
+    """``node`` with each device's measured fields from ``views`` (absent devices: no telemetry) and the devices its
+    agent reports broken out of placement; the same object when nothing changes.
+
+    A device the device plugin already took out of the node's allocatable is not taken out twice: when the agent
+    sees more devices than the node offers, that many of the broken ones count as already gone (the lowest indexes:
+    which device the plugin dropped is not visible here)."""
+    broken = _broken(node, views, verdict)
+    if views is None and not broken:
         return node
-    devices = tuple(headroom.measured(device, views.get(device.index, headroom.UNMEASURED)) for device in node.devices)
+    devices = tuple(
+        _marked(
+            headroom.measured(device, views.get(device.index, headroom.UNMEASURED)) if views is not None else device,
+            healthy=device.index not in broken,
+        )
+        for device in node.devices
+    )
     if all(new is old for new, old in zip(devices, node.devices, strict=True)):
         return node
     return dataclasses.replace(node, devices=devices)
+
+
+def _broken(node: model.Node, views: Mapping[int, headroom.DeviceView] | None, verdict: gpuhealth.Verdict) -> set[int]:
+    if not verdict.unhealthy:
+        return set()
+    if verdict.whole_node:
+        return {device.index for device in node.devices}
+    dropped = max(0, len(views) - len(node.devices)) if views else 0
+    reported = sorted(index for index in verdict.unhealthy if index >= 0)
+    return {index for index in reported[dropped:] if index < len(node.devices)}
+
+
+def _marked(device: model.Device, *, healthy: bool) -> model.Device:
+    return device if device.healthy is healthy else dataclasses.replace(device, healthy=healthy)
 
 
 class SnapshotBuilder:
@@ -80,7 +117,9 @@ class SnapshotBuilder:
         *,
         config: model.Config = model.DEFAULT_CONFIG,
         measured: MeasuredDevices | None = None,
+        on_error: Callable[[str, BaseException], None] = lambda where, exc: None,
     ) -> None:
+        self._on_error = on_error
         self.state = state
         self.config = config
         self.measured = measured
@@ -134,7 +173,7 @@ class SnapshotBuilder:
         state.changed_nodes.clear()
         for name in node_names:
             record = state.nodes.get(name)
-            built = models.build_node(record, state.pods_on(name), state.assumed) if record is not None else None
+            built = self._node(name, record) if record is not None else None
             if isinstance(built, model.Node):
                 if name in self._quarantined:
                     built = dataclasses.replace(built, unschedulable=True)
@@ -150,7 +189,8 @@ class SnapshotBuilder:
             if base is None:
                 continue
             views = self.measured.device_views(name) if self.measured is not None else None
-            node_model = with_measured(base, views)
+            verdict = self.measured.health(name) if self.measured is not None else gpuhealth.HEALTHY
+            node_model = with_measured(base, views, verdict)
             if self._node_models.get(node_name) is not node_model:
                 self._node_models[node_name] = node_model
                 touched = True
@@ -165,7 +205,7 @@ class SnapshotBuilder:
         state.changed_groups.clear()
         for key in group_keys:
             members = state.group_members.get(key)
-            group, built_issues = self._build_group(key, members, now_ns) if members else (None, ())
+            group, built_issues = self._group(key, members, now_ns) if members else (None, ())
             old = self._group_models.pop(key, None)
             if old is not None:
                 self._podgroup_of.pop(old.id, None)
@@ -179,7 +219,7 @@ class SnapshotBuilder:
         # Gangs below their minimum wait on the clock (stale-gang grace), so they are looked at every time.
         for key in list(self._below_min_since):
             if key not in group_keys and key in state.group_members:
-                group, _ = self._build_group(key, state.group_members[key], now_ns)
+                group, _ = self._group(key, state.group_members[key], now_ns)
                 if group is not None:
                     self._group_models[key] = group
                     group_keys.append(key)
@@ -196,6 +236,24 @@ class SnapshotBuilder:
             pod_issues=tuple(pod_issues),
             podgroups=dict(self._podgroup_of),
         )
+
+    def _node(self, name: str, record: NodeRecord) -> model.Node | Problem:
+        """The node's model; a node whose pods trip the accounting is left out (and says so), never the cycle."""
+        try:
+            return models.build_node(record, self.state.pods_on(name), self.state.assumed)
+        except Exception as exc:
+            log.exception("node_model_failed", node=name)
+            self._on_error("snapshot", exc)
+            return Problem(field="(node)", message=f"{type(exc).__name__}: {exc}")
+
+    def _group(self, key: GroupKey, members: set[str], now_ns: int) -> tuple[model.Group | None, tuple[PodIssue, ...]]:
+        """The group's model; a group that trips the builder is left out (and says so), never the cycle."""
+        try:
+            return self._build_group(key, members, now_ns)
+        except Exception as exc:
+            log.exception("group_model_failed", podgroup=f"{key[0]}/{key[1]}")
+            self._on_error("snapshot", exc)
+            return None, ()
 
     def _build_group(
         self, key: GroupKey, members: set[str], now_ns: int

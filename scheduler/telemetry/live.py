@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 
 from common import names, wire
 from scheduler.state.cache import ClusterState
-from scheduler.telemetry import detector, headroom, overuse, staleness, views
+from scheduler.telemetry import detector, headroom, health, overuse, staleness, views
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -99,12 +99,17 @@ class LiveTelemetry:
         )
         self._views: dict[str, dict[int, headroom.DeviceView]] = {}
         self._changed: set[str] = set()
+        self.gpu_health = health.GpuHealthWatch()
 
     # --- reads ------------------------------------------------------------------------------------------------------
 
     def device_views(self, node: str) -> Mapping[int, headroom.DeviceView] | None:
         """The measured view of each device of ``node`` (by index), or None for a node never heard from."""
         return self._views.get(node)
+
+    def health(self, node: str) -> health.Verdict:
+        """Which devices of ``node`` its agent reports broken (the snapshot takes them out of placement)."""
+        return self.gpu_health.verdict_of(node)
 
     def take_changed(self) -> frozenset[str]:
         """Nodes whose measured views changed since the last call (the snapshot builder rebuilds them)."""
@@ -144,6 +149,7 @@ class LiveTelemetry:
             self._node_views.forget(node)
             if self._views.pop(node, None) is not None:
                 changed.add(node)
+            transitions += self.gpu_health.forget(node, now_ns=now_ns)
             gone.add(node)
         for sample in samples:
             telemetry = sample.telemetry
@@ -172,6 +178,15 @@ class LiveTelemetry:
             foreign_claims=foreign,
             policy_problems=tuple(problems),
         )
+
+    def observe_health(self, node: str, report: wire.NodeHealth, *, cleared_ns: int, now_ns: int) -> LiveResult:
+        """A node's newest health report (or a change of its operator's clearing): ``GpuUnhealthy`` alerts that fire
+        or resolve, and the node rebuilt when the devices out of placement changed."""
+        before = self.gpu_health.verdict_of(node)
+        transitions = self.gpu_health.update(node, report, cleared_ns=cleared_ns, now_ns=now_ns)
+        changed = frozenset({node}) if self.gpu_health.verdict_of(node) != before else frozenset()
+        self._changed |= changed
+        return LiveResult(transitions=transitions, headroom_changed=changed)
 
     def check(self, *, now_ns: int) -> LiveResult:
         """The periodic sweep: fire ``TelemetryStale`` for nodes gone quiet and mark their devices stale (placement

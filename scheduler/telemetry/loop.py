@@ -16,11 +16,13 @@ import contextlib
 import time
 from collections.abc import Callable
 
-from common import logs, names, quantities
+from common import logs, names, quantities, wire
 from scheduler.alerts import AlertSink
 from scheduler.dispatch import Dispatcher
 from scheduler.kube import events
 from scheduler.metrics import SchedulerMetrics
+from scheduler.objects.records import Problem
+from scheduler.state import holdings
 from scheduler.state.cache import ClusterState
 from scheduler.telemetry import live, overuse
 from scheduler.telemetry.feed.consumer import TelemetryConsumer
@@ -43,7 +45,9 @@ class TelemetryLoop:
         metrics: SchedulerMetrics,
         on_headroom: Callable[[], None],
         debounce_s: float,
+        on_error: Callable[[str, BaseException], None] = lambda where, exc: None,
     ) -> None:
+        self._on_error = on_error
         self._consumer = consumer
         self._telemetry = telemetry
         self._state = state
@@ -55,6 +59,8 @@ class TelemetryLoop:
         self._debounce_s = debounce_s
         self._analysed: set[str] = set()
         """Nodes whose telemetry the analysis holds (forgotten there when they leave the cluster)."""
+        self._cleared: dict[str, int | Problem] = {}
+        """Per node with a health report, the operator's clearing time the report was last judged with."""
 
     async def run(self) -> None:
         consumer, telemetry = self._consumer, self._telemetry
@@ -66,7 +72,12 @@ class TelemetryLoop:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(consumer.changed.wait(), timeout=max(0.0, next_check - loop.time()))
-            self.step(now_ns=time.time_ns(), sweep=loop.time() >= next_check)
+            try:
+                self.step(now_ns=time.time_ns(), sweep=loop.time() >= next_check)
+            except Exception as exc:
+                # A sample (or a state) that trips the analysis is logged and counted; the next samples go on.
+                log.exception("telemetry_step_failed")
+                self._on_error("telemetry", exc)
             if loop.time() >= next_check:
                 next_check = loop.time() + period_s
             await asyncio.sleep(self._debounce_s)
@@ -90,10 +101,66 @@ class TelemetryLoop:
             ]
             self._analysed.update(sample.telemetry.node for sample in samples)
             self._act(telemetry.apply(samples, now_ns=now_ns, forgotten=changes.forgotten | vanished))
+        self._health(changes.health, now_ns=now_ns, sweep=sweep)
         if sweep:
             self._act(telemetry.check(now_ns=now_ns))
             self._metrics.set_telemetry_ages(telemetry.ages_s(now_ns=now_ns))
             self._count()
+
+    def _health(self, changed: frozenset[str], *, now_ns: int, sweep: bool) -> None:
+        """Judge the health reports that changed, and (on a sweep) those whose node an operator cleared since."""
+        reports = self._consumer.health()
+        nodes = self._state.nodes
+        candidates = set(changed) | (set(self._cleared) if sweep else set())
+        for node in sorted(candidates):
+            record, sample = nodes.get(node), reports.get(node)
+            if record is None or sample is None:
+                self._cleared.pop(node, None)
+                continue
+            cleared = record.health_cleared_ns
+            if node not in changed and self._cleared.get(node) == cleared:
+                continue
+            if isinstance(cleared, Problem) and self._cleared.get(node) != cleared:
+                log.warning("gpu_health_clear_invalid", node=node, message=cleared.message)
+                self._recorder.record(
+                    events.ObjectRef.of_record(record),
+                    type=events.EventType.WARNING,
+                    reason="InvalidAnnotation",
+                    message=f"{cleared.field}: {cleared.message}",
+                )
+            self._cleared[node] = cleared
+            result = self._telemetry.observe_health(
+                node, sample.health, cleared_ns=cleared if isinstance(cleared, int) else 0, now_ns=now_ns
+            )
+            self._act(result)
+            for transition in result.transitions:
+                self._tell_pods(transition)
+
+    def _tell_pods(self, transition: overuse.Transition) -> None:
+        """A device out of placement (or back): an Event on each pod using it, besides the one on the node. A pod uses
+        it when the scheduler gave it the device (its holding) or when the agent saw its processes there (a whole-GPU
+        pod's device is the device plugin's choice, which the telemetry reports)."""
+        index = transition.gpu_index
+        seen: set[str] = set()
+        latest = self._consumer.latest().get(transition.node)
+        if latest is not None:
+            for gpu in latest.telemetry.gpus:
+                if index is None or gpu.index == index:
+                    seen.update(process.pod_uid for process in gpu.processes if process.pod_uid)
+        for pod in self._state.pods_on(transition.node):
+            if pod.reservation is not None:
+                continue
+            holding = holdings.of(pod, self._state.assumed.get(pod.uid))
+            held = bool(holding.devices) and (index is None or index in holding.devices)
+            if not held and pod.uid not in seen:
+                continue
+            firing = transition.state is wire.AlertState.FIRING
+            self._recorder.record(
+                events.ObjectRef.of_record(pod),
+                type=events.EventType.WARNING if firing else events.EventType.NORMAL,
+                reason=transition.name.value if firing else f"{transition.name.value}Resolved",
+                message=transition.message,
+            )
 
     def _act(self, result: live.LiveResult) -> None:
         self._alerts.send(result.transitions)

@@ -84,6 +84,7 @@ class AlertName(enum.StrEnum):
     GHOST_ALLOCATION = "GhostAllocation"
     UNATTRIBUTED_GPU_MEMORY = "UnattributedGpuMemory"
     TELEMETRY_STALE = "TelemetryStale"
+    GPU_UNHEALTHY = "GpuUnhealthy"
 
 
 class PodPhase(enum.StrEnum):

@@ -214,9 +214,9 @@ def test_pods_bind_once_bindings_recover_from_a_run_of_server_errors(world: Worl
         timeout_s=harness.STEP_TIMEOUT_S,
         what="the pods placed afresh and their bindings failing again",
     )
-    harness.remove_fault(world.emulator, failing)
-    recovered = time.monotonic()
     assert not world.ledger.bound_names() & set(names), "nothing binds while bindings answer 500"
+    harness.remove_fault(world.emulator, failing)  # checked before: a retry may bind the moment the fault is gone
+    recovered = time.monotonic()
     polling.until_sync(
         lambda: world.bound(names), timeout_s=harness.STEP_TIMEOUT_S, what="every pod bound once the API recovered"
     )

@@ -70,7 +70,9 @@ class World:
         state.write(self.state_file, scene)
 
     @contextlib.contextmanager
-    def agent(self, *, metrics_port: int = 0, library_path: Sequence[Path] = ()) -> Iterator[subprocess.Popen[bytes]]:
+    def agent(
+        self, *, metrics_port: int = 0, library_path: Sequence[Path] = (), extra: Sequence[str] = ()
+    ) -> Iterator[subprocess.Popen[bytes]]:
         with mockdriver.agent(
             self.mock,
             node=NODE,
@@ -81,6 +83,7 @@ class World:
             interval_s=INTERVAL_S,
             metrics_port=metrics_port,
             library_path=library_path,
+            extra=extra,
         ) as process:
             yield process
         assert process.returncode == 0, self.log_file.read_text()[-3000:]  # it stopped cleanly on SIGTERM
@@ -249,6 +252,29 @@ async def test_xid_and_ecc_events_from_the_event_wait_reach_node_health(
     xid, ecc = by_kind[wire.ProblemKind.XID], by_kind[wire.ProblemKind.ECC]
     assert (xid.gpu_index, xid.gpu_uuid, xid.code) == (1, scene.devices[1].uuid, 79)
     assert (ecc.gpu_index, ecc.gpu_uuid) == (0, scene.devices[0].uuid)
+
+
+async def test_a_critical_xid_is_held_for_the_problem_hold_and_then_reported_healthy_again(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    async with world(nats_server, tmp_path, profiles.CURRENT.name) as node:
+        scene, _ = a_busy_node(node.processes)
+        node.write(scene)
+        with node.agent(extra=("--problem-hold", "2s")):
+            await node.health(wire.HealthStatus.HEALTHY)
+            xid = state.MockEvent(id=1, device=1, kind=state.EventKind.XID, data=79)
+            node.write(dataclasses.replace(scene, events=(xid,)))
+            degraded = await node.health(wire.HealthStatus.DEGRADED, wire.ProblemKind.XID)
+            later = await until(
+                lambda: [
+                    h for h in node.collector.health() if h.seq > degraded.seq and h.status is wire.HealthStatus.HEALTHY
+                ],
+                what="healthy again after the hold",
+                timeout_s=15,
+            )
+            healthy = later[0]
+    held_s = (healthy.ts_ns - degraded.ts_ns) / 1e9
+    assert 2.0 <= held_s < 6.0, f"the Xid was held {held_s:.1f} s with --problem-hold 2s"
 
 
 async def test_a_gpu_that_falls_off_the_bus_is_a_gpu_lost_problem_until_it_answers_again(

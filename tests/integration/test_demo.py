@@ -35,6 +35,14 @@ def test_the_demo_plays_its_scenario_and_exits_zero_leaving_no_process_behind() 
     assert "not ours (schedulerName default-scheduler)" in out
     # What the agents published, as a third-party subscriber decoded it.
     assert "team-a/llm-train" in out and "(no pod)" in out and "Xid 79" in out
+    # The injected Xid, three ways: the alert on NATS, Events on the node and the pod using the GPU, the metric.
+    unhealthy = re.search(r"Xid 79 on (\S+) gpu (\d+), used by (\S+)", out)
+    assert unhealthy is not None, out[-3000:]
+    node, gpu, pod = unhealthy.groups()
+    assert f"FIRING   GpuUnhealthy on {node} gpu {gpu}" in out
+    events = re.search(r"Events:   (.*)", out)
+    assert events is not None and f"Node {node}" in events.group(1) and f"Pod {pod}" in events.group(1)
+    assert f'quotient_alert{{alert="GpuUnhealthy",node="{node}",gpu="{gpu}"}} 1' in out
     started = re.search(r"JetStream in (\S+)\), API emulator (\S+), scheduler pid (\d+)", out)
     assert started is not None
     workdir, emulator_url, scheduler_pid = started.groups()

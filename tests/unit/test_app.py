@@ -17,6 +17,7 @@ from common import config, names
 from scheduler import app
 from scheduler.kube import kubeapi
 from scheduler.metrics import SchedulerMetrics
+from scheduler.placement import engine, model, plan
 from scheduler.settings import SETTINGS, settings_from
 from tests import polling
 from tests.unit.kube.fakes import MemoryKube
@@ -87,6 +88,68 @@ async def test_the_composed_scheduler_groups_places_and_binds_a_pod_of_ours_and_
         theirs = await cluster.get(kubeapi.PODS, name="theirs", namespace="ml")
         assert theirs is not None and not theirs["spec"].get("nodeName"), "another scheduler's pod is left alone"
         await polling.until(lambda: not scheduler.dispatcher.in_flight, what="nothing left in flight")
+    finally:
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+
+
+class _TrippedEngine:
+    """The real engine, failing like a bug would whenever a snapshot holds a pod named ``poison``."""
+
+    def __init__(self) -> None:
+        self._engine = engine.Engine()
+
+    def run(self, snapshot: model.Snapshot) -> plan.Plan:
+        if any(pod.name == "poison" for group in snapshot.groups.values() for pod in group.members):
+            raise ZeroDivisionError("a bug the poison pod trips")
+        return self._engine.run(snapshot)
+
+
+async def test_a_group_the_engine_fails_with_is_quarantined_and_everyone_else_is_placed(cluster: MemoryKube) -> None:
+    values = config.resolve(SETTINGS, argparse.Namespace(), environ={}, file_values={"cycle_debounce": "10ms"})
+    metrics = SchedulerMetrics()
+    scheduler = app.Scheduler(cluster, settings_from(values), metrics, make_engine=_TrippedEngine)
+    await cluster.create(kubeapi.PODS, _pod("poison", gpus=1), namespace="ml")
+    running = asyncio.create_task(scheduler.run())
+    try:
+
+        async def quarantined() -> str | None:
+            pod = await cluster.get(kubeapi.PODS, name="poison", namespace="ml")
+            group = ((pod or {}).get("metadata") or {}).get("annotations", {}).get(names.POD_GROUP_ANNOTATION)
+            podgroup = await cluster.get(kubeapi.POD_GROUPS, name=group, namespace="ml") if group else None
+            conditions = ((podgroup or {}).get("status") or {}).get("schedulingConditions") or []
+            return next(
+                (
+                    str(c["message"])
+                    for c in conditions
+                    if c.get("reason") == "SchedulingError" and "left out of scheduling" in str(c.get("message"))
+                ),
+                None,
+            )
+
+        message = await polling.until(quarantined, timeout_s=15, what="the poison pod quarantined")
+        assert "ZeroDivisionError: a bug the poison pod trips" in message
+        assert metrics.quarantined_groups._value.get() == 1, "the quarantined group, not the struck ones"
+
+        async def event_with_the_error() -> bool:
+            listed = await cluster.list(kubeapi.EVENTS, namespace="ml")
+            return any(
+                (event.get("involvedObject") or {}).get("name") == "poison"
+                and "SchedulingError" in str(event.get("message"))
+                and "ZeroDivisionError" in str(event.get("message"))
+                for event in listed.items
+            )
+
+        await polling.until(event_with_the_error, timeout_s=10, what="an Event on the pod carrying the error")
+        await cluster.create(kubeapi.PODS, _pod("train", gpus=1), namespace="ml")
+
+        async def bound() -> bool:
+            pod = await cluster.get(kubeapi.PODS, name="train", namespace="ml")
+            return pod is not None and bool(pod["spec"].get("nodeName"))
+
+        await polling.until(bound, timeout_s=10, what="the healthy pod bound while the poison one is quarantined")
+        assert not running.done(), "the scheduler kept running"
     finally:
         running.cancel()
         with pytest.raises(asyncio.CancelledError):
