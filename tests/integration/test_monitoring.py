@@ -321,7 +321,8 @@ def _scheduler_metrics() -> SchedulerMetrics:
     """The scheduler's registry, set through the methods the scheduler itself calls: one node with two H100s where
     pod trainer-0 uses 30 GiB of its 20 GiB share on GPU 0 beside infer-1, and 70 GiB of GPU 1 belong to no pod; a
     ghost on gpu-node-2, stale telemetry from gpu-node-3, queue research over its GPU limit with a group pending for
-    20 minutes."""
+    20 minutes; GPU 1 of gpu-node-1 and all of gpu-node-5 out of placement; one engine fault survived (its series
+    created by it, at 1) and one group quarantined. The server adds a watch fault per scrape."""
     metrics = SchedulerMetrics()
     metrics.leader.set(1)
     metrics.set_queue(
@@ -386,18 +387,29 @@ def _scheduler_metrics() -> SchedulerMetrics:
         ("GhostAllocation", "warning", "team-b", "notebook-7", "gpu-node-2", "0"),
         ("UnattributedGpuMemory", "warning", "", "", "gpu-node-1", "1"),
         ("TelemetryStale", "warning", "", "", "gpu-node-3", ""),
+        ("GpuUnhealthy", "critical", "", "", "gpu-node-1", "1"),
+        ("GpuUnhealthy", "critical", "", "", "gpu-node-5", ""),
     ):
         metrics.set_alert(labels, firing=True)
     metrics.set_alerts_firing(
-        {"GpuMemoryOverconsumption": 1, "GhostAllocation": 1, "UnattributedGpuMemory": 1, "TelemetryStale": 1}
+        {
+            "GpuMemoryOverconsumption": 1,
+            "GhostAllocation": 1,
+            "UnattributedGpuMemory": 1,
+            "TelemetryStale": 1,
+            "GpuUnhealthy": 2,
+        }
     )
     metrics.set_telemetry_ages({"gpu-node-1": 0.5, "gpu-node-3": 42.0})
+    metrics.internal_error("engine", RuntimeError("a bug"))
+    metrics.quarantined_groups.set(1)
     return metrics
 
 
 class _MetricsServer:
-    """A /metrics endpoint on loopback serving the scheduler registry. Every scrape also runs a cycle and a bind and
-    counts telemetry, as a live scheduler does between scrapes, so rates are not all zero."""
+    """A /metrics endpoint on loopback serving the scheduler registry. Every scrape also runs a cycle and a bind,
+    counts telemetry and survives a watch fault, as a live scheduler does between scrapes, so rates are not all
+    zero."""
 
     def __init__(self) -> None:
         self.metrics = _scheduler_metrics()
@@ -417,6 +429,7 @@ class _MetricsServer:
                     accepted=1000 * scrapes, rejected={"not_msgpack": 2 * scrapes, "unknown_version": scrapes}
                 )
                 metrics.count_rejected("foreign_claim", 1)
+                metrics.internal_error("watch")
                 body = metrics.render()
                 self.send_response(200 if self.path == "/metrics" else 404)
                 self.send_header("Content-Type", CONTENT_TYPE)
@@ -524,4 +537,71 @@ def test_prometheus_fires_the_scheduler_alerts_it_scrapes_with_the_pod_and_its_m
     (stray,) = [alert for alert in firing if alert["labels"]["alertname"] == "QuotientUnattributedGpuMemory"]
     assert stray["annotations"]["description"].startswith(
         "70GiB of the 80GiB of the NVIDIA H100 80GB HBM3 at GPU 1 of node gpu-node-1 is used by processes"
+    )
+
+
+def test_prometheus_fires_gpu_unhealthy_for_a_device_and_for_a_whole_node(prometheus: Prometheus) -> None:
+    firing = prometheus.wait_for_firing(
+        lambda alerts: sum(alert["labels"]["alertname"] == "QuotientGpuUnhealthy" for alert in alerts) == 2,
+        what="QuotientGpuUnhealthy for GPU 1 of gpu-node-1 and for gpu-node-5",
+    )
+    unhealthy = {
+        alert["labels"]["node"]: alert for alert in firing if alert["labels"]["alertname"] == "QuotientGpuUnhealthy"
+    }
+    assert unhealthy["gpu-node-1"]["labels"] == {
+        "alertname": "QuotientGpuUnhealthy",
+        "alert": "GpuUnhealthy",
+        "severity": "critical",
+        "node": "gpu-node-1",
+        "gpu": "1",
+    }
+    device = unhealthy["gpu-node-1"]["annotations"]
+    assert device["summary"] == "GPU 1 of node gpu-node-1 failed a health check and gets no new work"
+    assert "`nvidia-smi -q -i 1`" in device["description"]
+    assert "kubectl annotate node gpu-node-1 --overwrite quotient.dev/gpu-health-cleared-at=" in device["description"]
+    # The scheduler leaves gpu empty for a node-level fault; Prometheus drops an empty label.
+    assert unhealthy["gpu-node-5"]["labels"] == {
+        "alertname": "QuotientGpuUnhealthy",
+        "alert": "GpuUnhealthy",
+        "severity": "critical",
+        "node": "gpu-node-5",
+    }
+    node = unhealthy["gpu-node-5"]["annotations"]
+    assert node["summary"] == "Every GPU of node gpu-node-5 failed a health check and gets no new work"
+    assert node["description"].startswith("Every GPU of node gpu-node-5 is out of placement: the node's agent reported")
+    assert "`nvidia-smi -q`" in node["description"]
+
+
+def test_prometheus_fires_for_a_first_internal_fault_and_for_quarantined_groups(prometheus: Prometheus) -> None:
+    """The engine fault's series appears at 1 and never changes, which `increase` alone never sees; the watch
+    faults grow with every scrape, which it does."""
+    firing = prometheus.wait_for_firing(
+        lambda alerts: (
+            {
+                alert["labels"].get("where")
+                for alert in alerts
+                if alert["labels"]["alertname"] == "QuotientInternalErrors"
+            }
+            == {"engine", "watch"}
+            and any(alert["labels"]["alertname"] == "QuotientPodGroupsQuarantined" for alert in alerts)
+        ),
+        what="QuotientInternalErrors at engine and watch, and QuotientPodGroupsQuarantined",
+    )
+    internal = {
+        alert["labels"]["where"]: alert for alert in firing if alert["labels"]["alertname"] == "QuotientInternalErrors"
+    }
+    assert internal["engine"]["labels"] == {
+        "alertname": "QuotientInternalErrors",
+        "severity": "warning",
+        "where": "engine",
+    }
+    assert internal["engine"]["annotations"]["summary"] == (
+        "The scheduler survived internal faults at engine in the last hour (1 counted)"
+    )
+    description = internal["engine"]["annotations"]["description"]
+    assert "`kubectl get events -A --field-selector reason=Unschedulable | grep SchedulingError`" in description
+    (quarantined,) = [alert for alert in firing if alert["labels"]["alertname"] == "QuotientPodGroupsQuarantined"]
+    assert quarantined["labels"] == {"alertname": "QuotientPodGroupsQuarantined", "severity": "warning"}
+    assert quarantined["annotations"]["summary"] == (
+        "The scheduler leaves pod groups out because its placement engine fails with them (1 now)"
     )
