@@ -31,7 +31,7 @@ log = logs.get("scheduler")
 RETRY_STRUCK_S = 1.0
 """How soon a cycle runs again after the engine failed with a group (so a failing group is quarantined in seconds)."""
 
-_REJECTED_REASONS = ("InvalidGpuRequest", "InvalidPodSpec")
+_REJECTED_REASONS = ("InvalidGpuRequest", "InvalidPodSpec", "InvalidPodGroup")
 
 
 class Cycles:

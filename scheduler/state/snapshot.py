@@ -23,7 +23,7 @@ from typing import Protocol
 
 from common import logs
 from scheduler.objects import gpurequest
-from scheduler.objects.records import NodeRecord, Phase, PodRecord, Problem
+from scheduler.objects.records import NodeRecord, Phase, PodGroupRecord, PodRecord, Problem
 from scheduler.placement import model
 from scheduler.state import models
 from scheduler.state.cache import ClusterState, GroupKey
@@ -263,11 +263,16 @@ class SnapshotBuilder:
         if podgroup is None or not members:
             return None, ()
         queue, priority, preemptible = models.group_settings(podgroup, state.priority_classes)
+        invalid = _invalid_spec(podgroup)
         pods: list[model.Pod] = []
         issues: list[PodIssue] = []
         for uid in sorted(members):
             record = state.pods.get(uid)
             if record is None or record.phase is Phase.FAILED:
+                continue
+            if invalid and record.phase is Phase.PENDING and not record.node and uid not in state.assumed:
+                # A spec KAI's webhook would refuse has no meaning to place by; its running pods still count.
+                issues.append(_issue(record, "InvalidPodGroup", f"PodGroup {key[0]}/{key[1]}: {invalid}"))
                 continue
             if isinstance(record.gpu, gpurequest.AnnotationProblem):
                 issues.append(_issue(record, "InvalidGpuRequest", record.gpu.message))
@@ -309,6 +314,12 @@ class SnapshotBuilder:
             below_min_since_ns=since,
         )
         return group, tuple(issues)
+
+
+def _invalid_spec(podgroup: PodGroupRecord) -> str:
+    """The PodGroup's spec problems in one line ("" when none): what KAI's PodGroup webhook would have refused
+    (a subgroup tree with a cycle, both minimums on one level, ...). Its annotations' problems do not stop it."""
+    return "; ".join(f"{p.field}: {p.message}" for p in podgroup.problems if p.field.startswith("spec"))
 
 
 def _issue(pod: PodRecord, reason: str, message: str) -> PodIssue:

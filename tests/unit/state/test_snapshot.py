@@ -205,3 +205,26 @@ def test_a_pod_joins_the_group_the_grouper_decided_before_its_annotation_is_writ
     state.note_group("uid-fresh", "pg-fresh")
     groups = builder.build(NOW).snapshot.groups
     assert [str(member.uid) for member in groups[model.GroupId("default/pg-fresh")].members] == ["uid-fresh"]
+
+
+def test_a_podgroup_spec_kai_would_refuse_keeps_its_pending_pods_out_with_the_reason_and_counts_its_running_ones() -> (
+    None
+):
+    state = seeded_state()
+    invalid = podgroup_json("pg-bad")
+    invalid["spec"]["subGroups"] = [
+        {"name": "a", "parent": "b", "minMember": 1},
+        {"name": "b", "parent": "a", "minMember": 1},
+    ]
+    state.put_podgroup(decoded(podgroups.decode, invalid))
+    state.put_pod(
+        pod("running", group="pg-bad", gpus=1, node_name="n1", annotations={names.GPU_DEVICES_ANNOTATION: "0"})
+    )
+    state.put_pod(pod("waiting", group="pg-bad", gpus=1))
+    built = SnapshotBuilder(state).build(NOW)
+    [issue] = built.pod_issues
+    assert (issue.name, issue.reason) == ("waiting", "InvalidPodGroup")
+    assert issue.message.startswith("PodGroup default/pg-bad: spec.subGroups") and "cycle" in issue.message
+    [group] = built.snapshot.groups.values()
+    assert [p.name for p in group.members] == ["running"], "the running pod still holds its GPU"
+    assert not built.snapshot.nodes[model.NodeName("n1")].devices[0].is_free
