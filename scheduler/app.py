@@ -259,11 +259,17 @@ async def serve(settings: Settings) -> None:
             serving = await startup.start_webhook(api, settings.webhook, scheduler_names=settings.scheduler_names)
         # A fresh cluster: the namespaces written into exist, or are made, or the reason is logged and on /readyz.
         needed = [
-            (settings.election.namespace, "the scheduler's Lease", "or set --lease-namespace to one that exists"),
+            (
+                settings.election.namespace,
+                "the scheduler's Lease",
+                "or apply the deploy manifests (kubectl apply -k deploy/base), or set --lease-namespace to one that "
+                "exists",
+            ),
             (
                 settings.reservation.namespace,
                 "the reservation pods of shared GPUs",
-                "or set --reservation-namespace to one that exists",
+                "or apply the deploy manifests (kubectl apply -k deploy/base), or set --reservation-namespace to one "
+                "that exists",
             ),
         ]
         await startup.namespaces_ready(api, needed, readiness)
@@ -279,7 +285,10 @@ async def serve(settings: Settings) -> None:
         if not settings.leader_elect:
             await lead()
             return
-        await leases.LeaderElector(api, settings.election).run(lead)
+        elector = leases.LeaderElector(
+            api, settings.election, on_problem=lambda problem: readiness.say("lease", problem)
+        )
+        await elector.run(lead)
         log.warning("leadership_lost", identity=settings.election.identity)
     finally:
         if serving is not None:

@@ -24,9 +24,20 @@ RETRY_S = 5.0
 
 @dataclasses.dataclass(slots=True)
 class Readiness:
-    """Why this replica is not ready, beyond standing by: "" when nothing is wrong."""
+    """Why this replica is not ready, beyond standing by, by the part that found it ("" when nothing is wrong)."""
 
-    problem: str = ""
+    problems: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def problem(self) -> str:
+        return "; ".join(text for _, text in sorted(self.problems.items()) if text)
+
+    def say(self, part: str, problem: str) -> None:
+        """Set (or, with "", clear) what ``part`` finds wrong."""
+        if problem:
+            self.problems[part] = problem
+        else:
+            self.problems.pop(part, None)
 
 
 async def namespaces_ready(
@@ -47,13 +58,13 @@ async def namespaces_ready(
         if not missing:
             if said:
                 log.info("namespaces_ready")
-            readiness.problem = ""
+            readiness.say("namespaces", "")
             return
         text = "; ".join(problem.message for problem in missing)
         if text != said:
             log.error("namespace_missing", problem=text)
             said = text
-        readiness.problem = text
+        readiness.say("namespaces", text)
         await asyncio.sleep(retry_s)
 
 

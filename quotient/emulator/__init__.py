@@ -19,4 +19,6 @@ the official ``kubernetes`` client and ``kubectl``, as against a cluster. Module
   (kubelet admission), ``podenv`` (container environments), ``podstatus`` (what a kubelet writes), ``runtime``
   (the ``ContainerRuntime`` seam to emulated GPU nodes), ``reservations`` (reservation pods report their GPU);
   ``faults`` (injected errors and delays).
+- ``access`` (authentication, RBAC and the record of each user's requests), ``authn`` (tokens and users), ``rbac``
+  (the API server's RBAC decision, pure).
 """

@@ -26,11 +26,12 @@ VERSION: Obj = {
     "platform": "linux/amd64",
 }
 
-_SUBRESOURCE_KINDS = {"binding": "Binding", "eviction": "Eviction", "scale": "Scale"}
+_SUBRESOURCE_KINDS = {"binding": "Binding", "eviction": "Eviction", "scale": "Scale", "token": "TokenRequest"}
 _SUBRESOURCE_VERBS = {
     "status": ["get", "patch", "update"],
     "binding": ["create"],
     "eviction": ["create"],
+    "token": ["create"],
     "scale": ["get", "patch", "update"],
     "finalize": ["update"],
 }
@@ -89,6 +90,8 @@ def _resource(kind: Kind) -> list[Obj]:
             entry["group"], entry["version"] = "autoscaling", "v1"
         if sub == "eviction":
             entry["group"], entry["version"] = "policy", "v1"
+        if sub == "token":
+            entry["group"], entry["version"] = "authentication.k8s.io", "v1"
         entries.append(entry)
     return entries
 

@@ -5,8 +5,9 @@ themselves asynchronous; ``EmulatorThread`` runs one on its own loop in a backgr
 clients such as the blocking ``kubernetes`` client or ``kubectl``; ``quotient emulator`` (``app.py``) runs one as
 a process. The Python API reaches into the running emulator for what tests need and a real cluster would not
 offer: seed objects directly, compact the history (every older watch gets 410), drop every watch, inject errors
-and delays (``faults``), read the device plugin's allocations, run pods through a ``ContainerRuntime``, and route
-admission webhook services to local addresses.
+and delays (``faults``), read the device plugin's allocations, run pods through a ``ContainerRuntime``, route
+admission webhook services to local addresses, issue tokens and read what each user was served and refused
+(``access``: requests with a token are held to RBAC).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import dataclasses
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
@@ -25,7 +26,7 @@ from typing import TypeVar
 import yaml
 
 from common import clusterspec, logs, tasks
-from quotient.emulator import cluster, crds, defaulting, status
+from quotient.emulator import access, authn, cluster, crds, defaulting, status
 from quotient.emulator.admission import Webhooks
 from quotient.emulator.api import Api
 from quotient.emulator.controllers import Controllers
@@ -237,13 +238,37 @@ class Emulator:
             self.kind_of("v1", "Node"), "", name, new_status, uid=str(metadata(node).get("uid"))
         )
 
-    def kubeconfig(self) -> str:
-        """A kubeconfig for this emulator (plain HTTP, no credentials)."""
+    # --- Identities and what they asked (``access``) ---
+
+    def service_account_token(
+        self, namespace: str, name: str, *, expiration_s: int = authn.DEFAULT_EXPIRATION_S
+    ) -> str:
+        """A token for the ServiceAccount ``namespace/name``, as its ``TokenRequest`` gives one (valid while the
+        account exists); LookupError when there is no such account."""
+        issued = self.server.access.token_request(namespace, name, {"spec": {"expirationSeconds": expiration_s}})
+        if isinstance(issued, status.Failure):
+            raise LookupError(issued.message)
+        return str(issued["status"]["token"])
+
+    def static_token(self, user: str, groups: Sequence[str] = ()) -> str:
+        """A token for any user name (a service account's too, whether it exists or not), as the API server's
+        ``--token-auth-file`` gives."""
+        return self.server.access.tokens.issue_static(authn.User(name=user, groups=tuple(groups)))
+
+    def requests_of(self, user: str) -> access.Record:
+        """The kinds of request ``user`` was served and refused so far (``access.Record``)."""
+        return self.server.access.record_of(user)
+
+    def access_record(self, user: str) -> Obj:
+        return self.requests_of(user).as_json()
+
+    def kubeconfig(self, token: str | None = None) -> str:
+        """A kubeconfig for this emulator (plain HTTP; the administrator, or the user of ``token``)."""
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "quotient-emulator", "cluster": {"server": self.url}}],
-            "users": [{"name": "quotient", "user": {}}],
+            "users": [{"name": "quotient", "user": {"token": token} if token else {}}],
             "contexts": [
                 {"name": "quotient-emulator", "context": {"cluster": "quotient-emulator", "user": "quotient"}}
             ],
@@ -251,9 +276,9 @@ class Emulator:
         }
         return yaml.safe_dump(config, sort_keys=False)
 
-    def write_kubeconfig(self, path: str | Path) -> Path:
+    def write_kubeconfig(self, path: str | Path, token: str | None = None) -> Path:
         target = Path(path)
-        target.write_text(self.kubeconfig())
+        target.write_text(self.kubeconfig(token))
         return target
 
 

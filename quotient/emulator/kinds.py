@@ -167,7 +167,7 @@ BUILTIN_KINDS: tuple[Kind, ...] = (
           fields=frozenset({"status.phase"})),
     _kind("", "v1", "configmaps", "ConfigMap", short=("cm",), sub=()),
     _kind("", "v1", "secrets", "Secret", sub=(), fields=frozenset({"type"})),
-    _kind("", "v1", "serviceaccounts", "ServiceAccount", short=("sa",), sub=()),
+    _kind("", "v1", "serviceaccounts", "ServiceAccount", short=("sa",), sub=("token",)),
     _kind("", "v1", "services", "Service", short=("svc",), categories=("all",)),
     _kind("", "v1", "events", "Event", short=("ev",), sub=(), fields=EVENT_FIELDS),
     # workloads
@@ -196,6 +196,11 @@ BUILTIN_KINDS: tuple[Kind, ...] = (
           "ValidatingWebhookConfiguration", namespaced=False, sub=()),
     _kind("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", namespaced=False,
           short=("crd", "crds")),
+    # RBAC (``rbac``): what a service account's token may do
+    _kind("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False, sub=()),
+    _kind("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", namespaced=False, sub=()),
+    _kind("rbac.authorization.k8s.io", "v1", "roles", "Role", sub=()),
+    _kind("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", sub=()),
     # KAI's custom resources (KAI-COMPAT.md)
     _kind("scheduling.run.ai", "v2", "queues", "Queue", namespaced=False, builtin=False,
           columns=(

@@ -66,6 +66,11 @@ KINDS: Mapping[tuple[str, str], Schema] = {
         5: ("immutable", "bool"),
     },
     ("v1", "ServiceAccount"): {1: ("metadata", _OBJECT_META), 4: ("automountServiceAccountToken", "bool")},
+    # `kubectl create token` (k8s.io/api/authentication/v1: TokenRequestSpec; the bound object is not read).
+    ("authentication.k8s.io/v1", "TokenRequest"): {
+        1: ("metadata", _OBJECT_META),
+        2: ("spec", {1: ("audiences", "strings"), 4: ("expirationSeconds", "int")}),
+    },
     ("scheduling.k8s.io/v1", "PriorityClass"): {
         1: ("metadata", _OBJECT_META),
         2: ("value", "int"),

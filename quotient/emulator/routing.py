@@ -84,7 +84,7 @@ def verb(request: web.Request, target: Target) -> str | None:
     if method == "POST":
         if not target.name:
             return "create"
-        return "create" if target.subresource in ("binding", "eviction") else None
+        return "create" if target.subresource in ("binding", "eviction", "token") else None
     if method == "PUT" and target.name:
         return "update"
     if method == "PATCH" and target.name:

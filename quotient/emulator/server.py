@@ -2,7 +2,8 @@
 
 Kubernetes paths are regular (``/api/v1[/namespaces/NS]/PLURAL[/NAME[/SUB]]`` and the same under
 ``/apis/GROUP/VERSION``), and the set of kinds changes when a CRD is applied, so one handler parses the path
-against the registry (``routing.py``) rather than registering routes. It maps verbs to the API layer, renders
+against the registry (``routing.py``) rather than registering routes. Every request is first authenticated and
+held to RBAC (``access``: a request without a token is the administrator). It maps verbs to the API layer, renders
 objects through the negotiated view, streams watches (chunked, one event per line, flushed per batch), serves
 discovery and OpenAPI, applies injected faults, and exposes the test hooks under ``/_emulator/`` for tests that run
 the emulator as a separate process. Every body is ``application/json`` exactly; every error is a ``Status``.
@@ -32,6 +33,7 @@ from quotient.emulator import (
     views,
     watching,
 )
+from quotient.emulator.access import Access
 from quotient.emulator.api import Api
 from quotient.emulator.faults import Faults
 from quotient.emulator.kinds import Kind, Registry
@@ -67,6 +69,7 @@ class Server:
         self.hub = hub
         self.faults = faults
         self.hooks = hooks
+        self.access = Access(api.store, clock=clock)
         self.config = config
         self.clock = clock
         self.registry: Registry = api.registry
@@ -119,6 +122,10 @@ class Server:
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         path = request.path.rstrip("/") or "/"
+        # Authentication, then RBAC for paths outside the resource tree (``access``; resources in ``_resource``).
+        refused = self.access.authenticate(request) or self.access.check_path(request, path)
+        if refused is not None:
+            return failure_response(refused)
         if path.startswith(("/api/", "/apis/")) or path in ("/api", "/apis"):
             document = self._discovery(request, path)
             if isinstance(document, status.Failure):
@@ -149,6 +156,9 @@ class Server:
         return discovery.document(self.registry, parts, server_address=address) or routing.NOT_FOUND
 
     async def _resource(self, request: web.Request, target: Target) -> web.StreamResponse:
+        refused = self.access.check_resource(request, target)
+        if refused is not None:
+            return failure_response(refused)
         if target.group == "" and target.plural == "bindings" and request.method == "POST" and not target.name:
             return await self._binding(request, target, from_collection=True)
         kind = self.registry.lookup(target.group, target.version, target.plural)
@@ -303,6 +313,9 @@ class Server:
     async def _create(self, request: web.Request, kind: Kind, target: Target, body: Any) -> web.StreamResponse:
         if target.subresource == "binding":
             return await self._binding(request, target, from_collection=False, body=body)
+        if target.subresource == "token":
+            issued = self.access.token_request(target.namespace, target.name, body)
+            return failure_response(issued) if isinstance(issued, status.Failure) else json_response(issued, 201)
         if target.subresource == "eviction":
             evicted = await self.api.evict(kind, target.namespace, target.name, body)
             return failure_response(evicted) if isinstance(evicted, status.Failure) else json_response(evicted, 201)

@@ -2,13 +2,16 @@
 
 ``POST /_emulator/compact`` (every older watch version gets 410), ``POST /_emulator/drop-watches[?abort=true]``,
 ``POST /_emulator/faults`` with a ``Fault``'s fields plus ``duration_s`` and ``count`` (answers the rule's id),
-``DELETE /_emulator/faults[/ID]``, and ``GET /_emulator/devices/NAMESPACE/NAME`` (the device plugin's allocation).
+``DELETE /_emulator/faults[/ID]``, ``GET /_emulator/devices/NAMESPACE/NAME`` (the device plugin's allocation),
+``GET /_emulator/requests/USER`` (what a user was served and refused: ``access.Record``) and ``POST
+/_emulator/tokens`` with ``{"user": ..., "groups": [...]}`` (a static token for any user, answered as ``{"token"}``).
 A real API server has no such paths; nothing else uses the prefix.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Protocol
 
 from aiohttp import web
@@ -26,6 +29,10 @@ class Hooks(Protocol):
     def drop_watches(self, *, abort: bool = False) -> int: ...
 
     def devices_of(self, namespace: str, name: str) -> tuple[int, ...] | None: ...
+
+    def access_record(self, user: str) -> Obj: ...
+
+    def static_token(self, user: str, groups: Sequence[str] = ()) -> str: ...
 
 
 _NOT_FOUND = status.Failure(code=404, reason="NotFound", message="no such test hook")
@@ -45,7 +52,24 @@ async def answer(request: web.Request, path: str, *, hooks: Hooks, faults: Fault
     if len(parts) == 3 and parts[0] == "devices" and method == "GET":
         devices = hooks.devices_of(parts[1], parts[2])
         return 200, {"devices": list(devices) if devices is not None else None}
+    if len(parts) == 2 and parts[0] == "requests" and method == "GET":
+        return 200, hooks.access_record(parts[1])
+    if parts == ["tokens"] and method == "POST":
+        return await _token(request, hooks)
     return 404, _NOT_FOUND.body()
+
+
+async def _token(request: web.Request, hooks: Hooks) -> tuple[int, Obj]:
+    try:
+        spec = json.loads(await request.read() or b"{}")
+        user, groups = spec["user"], spec.get("groups") or []
+        if not (isinstance(user, str) and user and isinstance(groups, list)) or not all(
+            isinstance(group, str) for group in groups
+        ):
+            raise ValueError("user must be a non-empty string and groups a list of strings")
+    except (KeyError, TypeError, ValueError) as exc:
+        return 400, status.bad_request(f"invalid token request: {exc}").body()
+    return 201, {"token": hooks.static_token(user, groups)}
 
 
 async def _faults(request: web.Request, rest: list[str], faults: Faults) -> tuple[int, Obj]:

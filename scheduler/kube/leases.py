@@ -32,7 +32,7 @@ from typing import Any
 from common import logs
 from common.errors import ConfigError
 from scheduler.kube import kubeapi
-from scheduler.kube.errors import KubeAlreadyExists, KubeConflict, KubeError, KubeNotFound
+from scheduler.kube.errors import KubeAlreadyExists, KubeConflict, KubeError, KubeForbidden, KubeNotFound
 
 log = logs.get("scheduler.kube.leases")
 
@@ -145,6 +145,7 @@ class LeaderElector:
         config: ElectionConfig,
         *,
         on_new_leader: Callable[[str], None] | None = None,
+        on_problem: Callable[[str], None] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
@@ -160,6 +161,8 @@ class LeaderElector:
         self._observed_at_s = 0.0
         self._leading = False
         self._on_new_leader = on_new_leader
+        self._on_problem = on_problem
+        self._problem = ""
         self.leader: str = ""
         """The holder last seen in the Lease ("" when none)."""
 
@@ -238,6 +241,41 @@ class LeaderElector:
                 return
 
     async def _try_acquire_or_renew(self) -> bool:
+        """One attempt; a refusal that only an operator can fix (no rights, no namespace) is said once and passed to
+        ``on_problem`` (the replica's ``/readyz``), and cleared at the next attempt that reaches the Lease."""
+        config = self.config
+        try:
+            won = await self._attempt()
+        except KubeForbidden as exc:
+            self._say(
+                f"the scheduler may not use its Lease {config.namespace}/{config.name} ({exc.reason or exc}): the "
+                f"namespace {config.namespace!r} or the scheduler's Role in it is missing; apply the deploy manifests "
+                "(kubectl apply -k deploy/base) or set --lease-namespace to a namespace where its Role is bound"
+            )
+            return False
+        except KubeNotFound as exc:
+            # The lease vanished between the read and the write, or its namespace does not exist: say which.
+            self._say(
+                f"the scheduler's Lease {config.namespace}/{config.name} cannot be written ({exc.reason or exc}): "
+                f"does the namespace {config.namespace!r} exist? (kubectl apply -k deploy/base, or set "
+                "--lease-namespace)"
+            )
+            return False
+        self._say("")
+        return won
+
+    def _say(self, problem: str) -> None:
+        if problem == self._problem:
+            return
+        if problem:
+            log.error("lease_unusable", identity=self.config.identity, problem=problem)
+        elif self._problem:
+            log.info("lease_usable", identity=self.config.identity)
+        self._problem = problem
+        if self._on_problem is not None:
+            self._on_problem(problem)
+
+    async def _attempt(self) -> bool:
         config = self.config
         try:
             lease = await self._api.get(kubeapi.LEASES, name=config.name, namespace=config.namespace)
@@ -267,12 +305,8 @@ class LeaderElector:
         except (KubeConflict, KubeAlreadyExists):
             # Another candidate wrote first; read again at the next retry.
             return False
-        except KubeNotFound as exc:
-            # The lease vanished between the read and the write, or its namespace does not exist: say which.
-            log.warning(
-                "lease_not_found", lease=f"{config.namespace}/{config.name}", identity=config.identity, error=str(exc)
-            )
-            return False
+        except (KubeForbidden, KubeNotFound):
+            raise  # said by the caller, once
         except KubeError as exc:
             log.warning("lease_attempt_failed", identity=config.identity, error=str(exc))
             return False

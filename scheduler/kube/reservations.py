@@ -37,7 +37,7 @@ from typing import Any, Final
 
 from common import logs, names
 from scheduler.kube import kubeapi
-from scheduler.kube.errors import KubeAlreadyExists, KubeError, KubeNotFound
+from scheduler.kube.errors import KubeAlreadyExists, KubeError, KubeForbidden, KubeNotFound
 from scheduler.objects import pods
 from scheduler.objects.records import PodRecord, Reservation, ReservationPhase
 from scheduler.state import gpugroups
@@ -280,6 +280,17 @@ class ReservationManager:
             except KubeAlreadyExists:
                 made = await self._api.get(
                     kubeapi.PODS, name=body["metadata"]["name"], namespace=self.settings.namespace
+                )
+            except (KubeForbidden, KubeNotFound) as exc:
+                # Only an operator fixes this: say what, not just the API's words.
+                namespace = self.settings.namespace
+                return NotReserved(
+                    group=group,
+                    node=node,
+                    reason="ApiError",
+                    message=f"creating the reservation pod in {namespace!r}: {exc}; the namespace or the scheduler's "
+                    "Role in it is missing: apply the deploy manifests (kubectl apply -k deploy/base) or set "
+                    "--reservation-namespace",
                 )
             except KubeError as exc:
                 return NotReserved(

@@ -66,7 +66,15 @@ class Kubectl:
 class SchedulerProcess:
     """``quotient scheduler`` as its own process, logging to a file the test prints on failure."""
 
-    def __init__(self, server: str, *extra: str, identity: str = "sched-a", leader_elect: bool = False) -> None:
+    def __init__(
+        self,
+        server: str,
+        *extra: str,
+        identity: str = "sched-a",
+        leader_elect: bool = False,
+        kubeconfig: Path | None = None,
+    ) -> None:
+        """``kubeconfig``: connect through it (a token's identity, held to RBAC) instead of as the administrator."""
         self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - the process writes to it for its whole life
             prefix=f"quotient-{identity}-", suffix=".log", delete=False
         )
@@ -75,8 +83,7 @@ class SchedulerProcess:
             "-m",
             "quotient.cli",
             "scheduler",
-            "--kube-server",
-            server,
+            *(("--kubeconfig", str(kubeconfig)) if kubeconfig is not None else ("--kube-server", server)),
             "--scheduler-name",
             SCHEDULER_NAMES,
             "--metrics-port",
@@ -358,8 +365,12 @@ class World:
         self.ledger = BindLedger(emulator)
         self.schedulers: dict[str, SchedulerProcess] = {}
 
-    def scheduler(self, *extra: str, identity: str, leader_elect: bool = False) -> SchedulerProcess:
-        process = SchedulerProcess(self.emulator.url, *extra, identity=identity, leader_elect=leader_elect)
+    def scheduler(
+        self, *extra: str, identity: str, leader_elect: bool = False, kubeconfig: Path | None = None
+    ) -> SchedulerProcess:
+        process = SchedulerProcess(
+            self.emulator.url, *extra, identity=identity, leader_elect=leader_elect, kubeconfig=kubeconfig
+        )
         self.schedulers[identity] = process
         return process
 

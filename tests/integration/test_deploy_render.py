@@ -596,37 +596,56 @@ def test_the_lease_role_lets_the_scheduler_create_and_renew_only_its_own_lease(r
             assert rule["verbs"] == ["create"], "create alone cannot be limited to a name"
 
 
-def test_the_cluster_role_grants_what_the_scheduler_does_and_nothing_broader(rendered: list[Obj]) -> None:
+# Every (API group, resource, verb) the scheduler's ClusterRole grants, each used by the scheduler
+# (tests/e2e/test_rbac.py runs it with exactly these rights and checks each was used): a change here is a change of
+# the scheduler's rights, to be made in clusterrole.yaml with its reason.
+SCHEDULER_CLUSTER_RIGHTS = {
+    *(("", "pods", verb) for verb in ("get", "list", "watch", "patch", "delete")),
+    ("", "pods/binding", "create"),
+    ("", "pods/status", "patch"),
+    ("", "nodes", "list"),
+    ("", "nodes", "watch"),
+    ("", "configmaps", "create"),
+    ("", "configmaps", "patch"),
+    ("", "events", "create"),
+    ("", "events", "patch"),
+    ("scheduling.k8s.io", "priorityclasses", "list"),
+    ("scheduling.k8s.io", "priorityclasses", "watch"),
+    (OUR_GROUP, "queues", "list"),
+    (OUR_GROUP, "queues", "watch"),
+    (OUR_GROUP, "podgroups", "list"),
+    (OUR_GROUP, "podgroups", "watch"),
+    (OUR_GROUP, "podgroups", "create"),
+    (OUR_GROUP, "queues/status", "patch"),
+    (OUR_GROUP, "podgroups/status", "patch"),
+    *(("apps", owner, "get") for owner in ("deployments", "replicasets", "statefulsets")),
+    *(("batch", owner, "get") for owner in ("jobs", "cronjobs")),
+    *(("kubeflow.org", owner, "get") for owner in ("pytorchjobs", "tfjobs", "mpijobs")),
+    *(("ray.io", owner, "get") for owner in ("rayclusters", "rayjobs")),
+    ("jobset.x-k8s.io", "jobsets", "get"),
+    ("leaderworkerset.x-k8s.io", "leaderworkersets", "get"),
+}
+
+
+def _grants(rules: Sequence[Obj]) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_the_cluster_role_grants_exactly_what_the_scheduler_uses(rendered: list[Obj]) -> None:
     rules = _rules(rendered, "ClusterRole", "quotient-scheduler")
     binding = _one(rendered, "ClusterRoleBinding", "quotient-scheduler")
     deployment = _scheduler(rendered)
 
-    needed = [
-        ("", "pods", "watch"),
-        ("", "pods", "patch"),
-        ("", "pods", "delete"),
-        ("", "pods/binding", "create"),
-        ("", "pods/status", "patch"),
-        ("", "nodes", "watch"),
-        ("", "events", "create"),
-        ("", "events", "patch"),
-        ("scheduling.k8s.io", "priorityclasses", "watch"),
-        (OUR_GROUP, "queues", "watch"),
-        (OUR_GROUP, "podgroups", "create"),
-        (OUR_GROUP, "podgroups/status", "patch"),
-        (OUR_GROUP, "queues/status", "patch"),
-        ("apps", "replicasets", "get"),
-        ("batch", "jobs", "get"),
-        ("kubeflow.org", "pytorchjobs", "get"),
-    ]
-    for group, resource, verb in needed:
-        assert _allows(rules, group, resource, verb), f"{verb} {group}/{resource}"
+    assert _grants(rules) == SCHEDULER_CLUSTER_RIGHTS
     for rule in rules:
         assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
-        assert "secrets" not in rule["resources"]
-    assert not _allows(rules, "", "nodes", "patch")
-    assert not _allows(rules, OUR_GROUP, "queues", "patch"), "queues are the users'; only their status is ours"
-    assert not any(_allows(rules, "apps", "deployments", verb) for verb in ("create", "patch", "update", "delete"))
+        assert "resourceNames" not in rule and "nonResourceURLs" not in rule, rule
     account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
     assert binding["roleRef"] == {
@@ -634,6 +653,49 @@ def test_the_cluster_role_grants_what_the_scheduler_does_and_nothing_broader(ren
         "kind": "ClusterRole",
         "name": "quotient-scheduler",
     }
+
+
+def test_no_role_of_the_scheduler_grants_anything_on_namespaces_secrets_or_node_writes(rendered: list[Obj]) -> None:
+    """deploy/ creates its namespaces itself, so the scheduler needs no right on them (issue 12)."""
+    bound = [
+        binding["roleRef"]
+        for binding in _by_kind(rendered, "ClusterRoleBinding") + _by_kind(rendered, "RoleBinding")
+        if {"kind": "ServiceAccount", "name": "quotient-scheduler", "namespace": NAMESPACE} in binding["subjects"]
+    ]
+    granted = set()
+    for ref in bound:
+        [role] = [obj for obj in _by_kind(rendered, ref["kind"]) if obj["metadata"]["name"] == ref["name"]]
+        granted |= _grants(role["rules"])
+    assert {resource for _, resource, _ in granted} & {"namespaces", "secrets", "pods/eviction"} == set()
+    assert {verb for group, resource, verb in granted if (group, resource) == ("", "nodes")} == {"list", "watch"}
+    assert not any(group in ("apps", "batch") and verb != "get" for group, _, verb in granted)
+
+
+def test_every_rule_of_the_schedulers_roles_says_why_in_a_comment_beside_it() -> None:
+    """A rule is justified by the comment lines right above it (clusterrole.yaml, the reservation roles, the webhook
+    role; role.yaml says why for each verb)."""
+    for path in (
+        BASE / "scheduler" / "clusterrole.yaml",
+        BASE / "reservations" / "rbac.yaml",
+        BASE / "webhook" / "rbac.yaml",
+    ):
+        lines = path.read_text().splitlines()
+        for index, line in enumerate(lines):
+            if line.strip().startswith("- apiGroups:"):
+                assert lines[index - 1].strip().startswith("#"), f"{path.name}:{index + 1} has no comment"
+    role = (BASE / "scheduler" / "role.yaml").read_text()
+    for verb in ("create", "get, update"):
+        assert f"#   {verb}" in role, f"role.yaml does not say why it grants {verb}"
+
+
+def test_the_base_makes_both_namespaces_the_scheduler_writes_into_before_anything_else(rendered: list[Obj]) -> None:
+    from scheduler import settings as scheduler_settings
+
+    defaults = {s.name: s.default for s in scheduler_settings.SETTINGS}
+    namespaces = {obj["metadata"]["name"] for obj in _by_kind(rendered, "Namespace")}
+    assert {defaults["lease_namespace"], defaults["reservation_namespace"]} <= namespaces
+    kinds = [obj["kind"] for obj in rendered]
+    assert kinds[: len(namespaces)] == ["Namespace"] * len(namespaces), "kubectl apply must create them first"
 
 
 def test_the_scheduler_reads_its_nkey_seed_from_the_secret_that_nats_keys_makes_and_dials_nats(

@@ -1,0 +1,267 @@
+"""RBAC as the API server decides it: a request's attributes and the stored roles and bindings in, allowed or why not.
+
+A pure function of its inputs, so the rules are tested as tables (cases from the Kubernetes RBAC documentation) and
+the server only gathers the objects and renders the answer. It follows ``k8s.io/kubernetes/plugin/pkg/auth/
+authorizer/rbac``: the ClusterRoleBindings are visited first, then (for a request in a namespace) that namespace's
+RoleBindings; a binding applies when one of its subjects is the user (``User``), one of its groups (``Group``) or
+its service account (``ServiceAccount``, whose namespace defaults to the binding's); a rule allows when each field
+matches:
+
+- ``verbs``, ``apiGroups``: the request's, or ``*``;
+- ``resources``: the resource, ``resource/subresource`` for a subresource, ``*`` (everything, subresources too), or
+  ``*/subresource`` (that subresource of any resource);
+- ``resourceNames``: empty, or naming the object. A request that names no object (create, deletecollection, a list
+  or watch without a ``metadata.name`` field selector) is never allowed by a rule with names: names cannot limit
+  creation or whole collections;
+- ``nonResourceURLs`` (for paths outside the resource tree): the path, or a prefix ending in ``*``.
+
+A RoleBinding grants its role's rules in its own namespace only, a ClusterRole's too; a ClusterRoleBinding grants
+everywhere. A binding whose role does not exist grants nothing, and the denial's reason says so (``RBAC:
+clusterrole.rbac.authorization.k8s.io "x" not found``), as the API server appends it. Not here: aggregated
+ClusterRoles, impersonation, and the ``escalate``/``bind`` checks on writing roles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from quotient.emulator import authn
+
+Obj = Mapping[str, Any]
+GROUP = "rbac.authorization.k8s.io"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Attributes:
+    """What a request asks (the API server's ``authorizer.Attributes``). A resource request has a ``resource``; any
+    other (discovery, ``/version``) has a ``path``."""
+
+    user: authn.User
+    verb: str
+    api_group: str = ""
+    resource: str = ""
+    subresource: str = ""
+    namespace: str = ""
+    name: str = ""
+    path: str = ""
+
+    @property
+    def is_resource_request(self) -> bool:
+        return bool(self.resource)
+
+    @property
+    def combined_resource(self) -> str:
+        return f"{self.resource}/{self.subresource}" if self.subresource else self.resource
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Policy:
+    """The RBAC objects of the cluster, as stored."""
+
+    cluster_roles: Sequence[Obj] = ()
+    cluster_role_bindings: Sequence[Obj] = ()
+    roles: Sequence[Obj] = ()
+    role_bindings: Sequence[Obj] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    allowed: bool
+    granted_by: str = ""
+    """The binding and role that allowed it (``ClusterRoleBinding/x -> ClusterRole/y``), for logs and tests."""
+    reason: str = ""
+    """Why not, beyond the rules not matching: the roles that bindings of this user name and that do not exist."""
+
+
+# The bootstrap policy every API server carries (kube-apiserver's ``system:discovery`` and
+# ``system:public-info-viewer``, bound to every authenticated user): discovery, OpenAPI, version and health paths.
+DISCOVERY: Policy = Policy(
+    cluster_roles=(
+        {
+            "metadata": {"name": "system:discovery"},
+            "rules": [
+                {
+                    "verbs": ["get"],
+                    "nonResourceURLs": [
+                        "/api",
+                        "/api/*",
+                        "/apis",
+                        "/apis/*",
+                        "/healthz",
+                        "/livez",
+                        "/openapi",
+                        "/openapi/*",
+                        "/readyz",
+                        "/version",
+                        "/version/",
+                    ],
+                }
+            ],
+        },
+    ),
+    cluster_role_bindings=(
+        {
+            "metadata": {"name": "system:discovery"},
+            "roleRef": {"apiGroup": GROUP, "kind": "ClusterRole", "name": "system:discovery"},
+            "subjects": [{"apiGroup": GROUP, "kind": "Group", "name": authn.AUTHENTICATED}],
+        },
+    ),
+)
+
+
+def authorize(attributes: Attributes, *policies: Policy) -> Decision:
+    """Whether RBAC allows the request under the union of ``policies`` (the stored objects, the bootstrap ones)."""
+    missing: list[str] = []
+    for binding, role_kind, role_name, rules in _applicable(attributes, policies, missing):
+        if any(_rule_allows(attributes, rule) for rule in rules):
+            return Decision(
+                allowed=True,
+                granted_by=f"{binding} -> {role_kind}/{role_name}",
+            )
+    reason = ""
+    if missing:
+        reason = "RBAC: " + (missing[0] if len(missing) == 1 else f"[{', '.join(missing)}]")
+    return Decision(allowed=False, reason=reason)
+
+
+def forbidden_message(attributes: Attributes, decision: Decision) -> str:
+    """The text after ``... is forbidden: `` in the API server's 403 (``responsewriters.forbiddenMessage``)."""
+    user = attributes.user.name
+    if not attributes.is_resource_request:
+        text = f'User "{user}" cannot {attributes.verb} path "{attributes.path}"'
+    elif attributes.namespace:
+        text = (
+            f'User "{user}" cannot {attributes.verb} resource "{attributes.combined_resource}" in API group '
+            f'"{attributes.api_group}" in the namespace "{attributes.namespace}"'
+        )
+    else:
+        text = (
+            f'User "{user}" cannot {attributes.verb} resource "{attributes.combined_resource}" in API group '
+            f'"{attributes.api_group}" at the cluster scope'
+        )
+    return f"{text}: {decision.reason}" if decision.reason else text
+
+
+# --- bindings to rules ---
+
+
+def _applicable(
+    attributes: Attributes, policies: Sequence[Policy], missing: list[str]
+) -> Iterator[tuple[str, str, str, Sequence[Obj]]]:
+    """(binding, role kind, role name, rules) of every binding that applies to the user where the request is, in the
+    API server's order; a binding whose role is missing is noted in ``missing`` instead."""
+    cluster_roles = {_name(role): role for policy in policies for role in policy.cluster_roles}
+    for policy in policies:
+        for binding in policy.cluster_role_bindings:
+            if not _binds(binding, attributes.user, namespace=""):
+                continue
+            kind, name = _role_ref(binding)
+            role = cluster_roles.get(name) if kind == "ClusterRole" else None
+            if role is None:
+                missing.append(f'clusterrole.{GROUP} "{name}" not found')
+                continue
+            yield f"ClusterRoleBinding/{_name(binding)}", kind, name, _rules(role)
+    if not attributes.namespace:
+        return
+    roles = {
+        _name(role): role for policy in policies for role in policy.roles if _namespace(role) == attributes.namespace
+    }
+    for policy in policies:
+        for binding in policy.role_bindings:
+            if _namespace(binding) != attributes.namespace:
+                continue
+            if not _binds(binding, attributes.user, namespace=attributes.namespace):
+                continue
+            kind, name = _role_ref(binding)
+            role = roles.get(name) if kind == "Role" else cluster_roles.get(name) if kind == "ClusterRole" else None
+            if role is None:
+                missing.append(f'{kind.lower() or "role"}.{GROUP} "{name}" not found')
+                continue
+            where = f"{attributes.namespace}/{name}" if kind == "Role" else name
+            yield f"RoleBinding/{attributes.namespace}/{_name(binding)}", kind, where, _rules(role)
+
+
+def _binds(binding: Obj, user: authn.User, *, namespace: str) -> bool:
+    return any(_is_subject(subject, user, namespace) for subject in _list(binding.get("subjects")))
+
+
+def _is_subject(subject: object, user: authn.User, namespace: str) -> bool:
+    """``appliesToUser``: a ServiceAccount subject without a namespace means one in the binding's namespace."""
+    if not isinstance(subject, Mapping):
+        return False
+    kind, name = subject.get("kind"), subject.get("name")
+    if kind == "User":
+        return bool(name == user.name)
+    if kind == "Group":
+        return name in user.groups
+    if kind == "ServiceAccount":
+        account_namespace = subject.get("namespace") or namespace
+        return bool(account_namespace) and user.name == f"{authn.SERVICE_ACCOUNT_PREFIX}{account_namespace}:{name}"
+    return False
+
+
+# --- one rule ---
+
+
+def _rule_allows(attributes: Attributes, rule: Obj) -> bool:
+    verbs = _strings(rule.get("verbs"))
+    if attributes.verb not in verbs and "*" not in verbs:
+        return False
+    if not attributes.is_resource_request:
+        return any(_url_matches(pattern, attributes.path) for pattern in _strings(rule.get("nonResourceURLs")))
+    groups = _strings(rule.get("apiGroups"))
+    if attributes.api_group not in groups and "*" not in groups:
+        return False
+    if not any(_resource_matches(pattern, attributes) for pattern in _strings(rule.get("resources"))):
+        return False
+    names = _strings(rule.get("resourceNames"))
+    return not names or attributes.name in names
+
+
+def _resource_matches(pattern: str, attributes: Attributes) -> bool:
+    if pattern in ("*", attributes.combined_resource):
+        return True
+    return bool(attributes.subresource) and pattern == f"*/{attributes.subresource}"
+
+
+def _url_matches(pattern: str, path: str) -> bool:
+    if pattern == "*" or pattern == path:
+        return True
+    return pattern.endswith("*") and path.startswith(pattern[:-1])
+
+
+# --- reading the objects ---
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _strings(value: object) -> list[str]:
+    return [item for item in _list(value) if isinstance(item, str)]
+
+
+def _metadata(obj: Obj) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _name(obj: Obj) -> str:
+    return str(_metadata(obj).get("name") or "")
+
+
+def _namespace(obj: Obj) -> str:
+    return str(_metadata(obj).get("namespace") or "")
+
+
+def _role_ref(binding: Obj) -> tuple[str, str]:
+    ref = binding.get("roleRef")
+    if not isinstance(ref, Mapping):
+        return "", ""
+    return str(ref.get("kind") or ""), str(ref.get("name") or "")
+
+
+def _rules(role: Obj) -> list[Obj]:
+    return [rule for rule in _list(role.get("rules")) if isinstance(rule, Mapping)]
