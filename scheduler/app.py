@@ -101,6 +101,7 @@ class Scheduler:
             recorder=self.recorder,
             on_grouped=self._grouped,
             still_unannotated=self.state.is_unannotated,
+            still_present=lambda uid: uid in self.state.pods,
             on_failure=self._failed,
         )
         self.intake = intake.Intake(

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from common import logs, names, tasks
+from common.backoff import Backoff
 from scheduler.kube import events, kubeapi
 from scheduler.kube.errors import KubeAlreadyExists, KubeError, KubeForbidden, KubeNotFound
 from scheduler.objects import durations, grouping, pods
@@ -39,6 +40,8 @@ ANNOTATE_PENDING_AFTER_S = 3.0
 
 _MAX_OWNER_DEPTH = 8
 _OWNER_CACHE_TTL_S = 30.0
+_RETRY = Backoff(base_s=0.5, cap_s=30.0)
+"""Between attempts to group a pod whose PodGroup or annotation the API refused."""
 
 
 def _controller(refs: Sequence[OwnerRef]) -> OwnerRef | None:
@@ -57,6 +60,7 @@ class Grouper:
         recorder: events.EventSink | None = None,
         on_grouped: GroupedSink | None = None,
         still_unannotated: StillUnannotated | None = None,
+        still_present: Callable[[str], bool] | None = None,
         concurrency: int = 64,
         annotate_after_s: float = ANNOTATE_PENDING_AFTER_S,
         on_failure: tasks.OnFailure | None = None,
@@ -64,6 +68,7 @@ class Grouper:
         self._api = api
         self._on_grouped = on_grouped
         self._still_unannotated = still_unannotated
+        self._still_present = still_present
         self._annotate_after_s = annotate_after_s
         self._queue_label = queue_label
         self._recorder = recorder
@@ -125,13 +130,33 @@ class Grouper:
         return chain
 
     async def _group(self, pod: PodRecord) -> None:
+        """Group the pod; an API error is retried (with a growing wait) while the pod exists, and said once on the
+        pod as a ``GroupingFailed`` Event: nothing else would offer the pod again, and it would wait with no reason."""
+        failures = 0
         try:
-            async with self._slots:
-                name = await self._group_one(pod)
-            if name is not None:
-                await self._annotate(pod, name)
-        except KubeError as exc:
-            log.warning("grouping_failed", pod=pod.display, error=str(exc))
+            while True:
+                try:
+                    async with self._slots:
+                        name = await self._group_one(pod)
+                    if name is not None:
+                        await self._annotate(pod, name)
+                    if failures:
+                        log.info("grouping_recovered", pod=pod.display, failures=failures)
+                    return
+                except KubeError as exc:
+                    failures += 1
+                    delay_s = _RETRY.delay_s(failures - 1)
+                    log.warning("grouping_failed", pod=pod.display, error=str(exc), retry_in_s=round(delay_s, 2))
+                    if failures == 1 and self._recorder is not None:
+                        self._recorder.record(
+                            events.ObjectRef.of_record(pod),
+                            type=events.EventType.WARNING,
+                            reason="GroupingFailed",
+                            message=f"the pod's PodGroup could not be made ({exc}); retrying",
+                        )
+                await asyncio.sleep(delay_s)
+                if self._still_present is not None and not self._still_present(pod.uid):
+                    return
         finally:
             self._in_progress.discard(pod.uid)
 
