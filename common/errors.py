@@ -37,8 +37,12 @@ class WireReason(enum.StrEnum):
     OUT_OF_RANGE = "out_of_range"
     MISSING_FIELD = "missing_field"
     UNKNOWN_VERSION = "unknown_version"
-    OUT_OF_SEQUENCE = "out_of_sequence"
     SUBJECT_MISMATCH = "subject_mismatch"
+    # Checked right after decoding (``wire``): amounts that no device can report, one against another.
+    MEMORY_OVER_TOTAL = "memory_over_total"  # a device's used, reserved or free memory, or a process's, above its total
+    DUPLICATE_DEVICE = "duplicate_device"  # two devices of one sample with one index
+    # Checked by the reader against its own clock (``scheduler.telemetry.feed``): see ``--telemetry-max-skew``.
+    CLOCK_SKEW = "clock_skew"
 
 
 class WireError(QuotientError):

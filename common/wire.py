@@ -21,9 +21,9 @@ One responsibility, the v1 format as msgspec sees it: the structs (with their co
 from them are one thing, since msgspec checks a field's constraint while it decodes the field and its error texts
 are what ``_rejection`` classifies. Keeping both here keeps msgspec behind one module.
 
-Out-of-order delivery (a JetStream replay, a redelivery, two agents briefly alive on one node during a rolling
-update) is not a decoding matter: ``common.sequencing``'s ``SequenceGate`` decides, per node, whether a decoded
-message is newer than what was already accepted.
+Out-of-order delivery (a JetStream replay, a redelivery, two publishers claiming one node) is not a decoding
+matter: ``common.sequencing``'s ``SequenceGate`` decides, per node, whether a decoded message is new. What the decoder
+does check beyond each field's own range is what no device can report, one field against another (``implausible``).
 """
 
 from __future__ import annotations
@@ -143,7 +143,8 @@ class Envelope(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     ``Alert`` and ``Decision``, the identity of the emitting scheduler. ``boot``: a random id the publisher draws at
     each start. ``seq``: a counter, starting anywhere at or above 0, that grows by at least one per message within a
     boot. ``ts_ns``: when the message was made, in nanoseconds since the Unix epoch, on the publisher's clock.
-    Messages of one publisher are ordered by (boot, seq); ``ts_ns`` orders boots (``SequenceGate``).
+    Messages of one publisher are ordered by (boot, seq) (``SequenceGate``); readers refuse a ``ts_ns`` far from
+    their own clock (the scheduler: ``--telemetry-max-skew``), so a publisher's clock must be kept (NTP).
     """
 
     v: Literal[1]
@@ -311,7 +312,7 @@ def encode(message: WireMessage) -> bytes:
         raise WireError(WireReason.WRONG_TYPE, f"{type(message).__name__}: {exc}") from exc
     match message:
         case NodeTelemetry():
-            _decode(_TELEMETRY, data, None)
+            decode_telemetry(data)
         case NodeHealth():
             _decode(_HEALTH, data, None)
         case Alert():
@@ -322,8 +323,13 @@ def encode(message: WireMessage) -> bytes:
 
 
 def decode_telemetry(data: bytes, *, subject_node: str | None = None) -> NodeTelemetry:
-    """Decode a ``NodeTelemetry``; with ``subject_node`` (the node named by the subject), require that node."""
-    return _decode(_TELEMETRY, data, subject_node)
+    """Decode a ``NodeTelemetry``; with ``subject_node`` (the node named by the subject), require that node. A
+    sample that cannot be true (``implausible``) is rejected like a malformed one."""
+    message = _decode(_TELEMETRY, data, subject_node)
+    problem = implausible(message)
+    if problem is not None:
+        raise problem
+    return message
 
 
 def decode_health(data: bytes, *, subject_node: str | None = None) -> NodeHealth:
@@ -366,8 +372,48 @@ def decode_telemetry_batch(
         if subject_node is not None and message.node != subject_node:
             append(_mismatch(message.node, subject_node))
         else:
-            append(message)
+            append(implausible(message) or message)
     return results
+
+
+def implausible(message: NodeTelemetry) -> WireError | None:
+    """Why a decoded sample cannot be true, or None: what msgspec cannot check, one field against another.
+
+    A device's used, reserved or free memory above its total, a process holding more than its device has
+    (``MEMORY_OVER_TOTAL``), or two devices with one index (``DUPLICATE_DEVICE``: readers key devices by index). The
+    sum of used, reserved and free is not checked: drivers differ on whether used includes reserved.
+
+    Runs for every message on the scheduler's hot path (issue 7's 20,000 a second), right after the C decoder while
+    the message is in cache: plain loops and no allocation on the common path (devices listed by increasing index, as
+    agents list them; any other order costs one set).
+    """
+    gpus = message.gpus
+    previous = -1
+    ordered = True
+    for gpu in gpus:
+        total = gpu.memory_total_bytes
+        if gpu.memory_used_bytes > total or gpu.memory_reserved_bytes > total or gpu.memory_free_bytes > total:
+            return WireError(
+                WireReason.MEMORY_OVER_TOTAL,
+                f"GPU {gpu.index}: used {gpu.memory_used_bytes}, reserved {gpu.memory_reserved_bytes} or free "
+                f"{gpu.memory_free_bytes} bytes above its total of {total}",
+            )
+        for process in gpu.processes:
+            used = process.used_memory_bytes
+            if used is not None and used > total:
+                return WireError(
+                    WireReason.MEMORY_OVER_TOTAL,
+                    f"GPU {gpu.index}: process {process.pid} holds {used} bytes, above the device's total of {total}",
+                )
+        if gpu.index <= previous:
+            ordered = False
+        previous = gpu.index
+    if not ordered and len({gpu.index for gpu in gpus}) != len(gpus):
+        return WireError(
+            WireReason.DUPLICATE_DEVICE,
+            "two devices share an index: " + ", ".join(f"{gpu.index}={gpu.uuid}" for gpu in gpus)[:512],
+        )
+    return None
 
 
 def _decode(decoder: msgspec.msgpack.Decoder[_M], data: bytes, subject_node: str | None) -> _M:

@@ -128,7 +128,7 @@ class Scheduler:
         self.consumer: TelemetryConsumer | None = None
         self.telemetry: telemetry_loop.TelemetryLoop | None = None
         if bus is not None and self.live is not None:
-            self.consumer = TelemetryConsumer(bus=bus)
+            self.consumer = TelemetryConsumer(bus=bus, config=settings.telemetry_feed)
             self.telemetry = telemetry_loop.TelemetryLoop(
                 self.consumer,
                 self.live,

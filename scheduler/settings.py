@@ -21,6 +21,7 @@ from common.errors import ConfigError
 from scheduler.kube import leases, reservations, webhook
 from scheduler.placement import model
 from scheduler.telemetry import live, overuse
+from scheduler.telemetry.feed import consumer
 
 
 def _names(raw: object) -> tuple[str, ...]:
@@ -92,6 +93,12 @@ TELEMETRY_SETTINGS: tuple[Setting[object], ...] = (
         parse=config.parse_positive_duration_s,
         default=10.0,
         help="a node's telemetry is stale after max(3 x its interval, this floor)",
+    ),
+    Setting(
+        name="telemetry_max_skew",
+        parse=config.parse_positive_duration_s,
+        default=consumer.DEFAULT_MAX_SKEW_S,
+        help="telemetry stamped further than this from the scheduler's clock, ahead or behind, is rejected",
     ),
     Setting(
         name="headroom_window",
@@ -342,6 +349,8 @@ class Settings:
     reservation: reservations.Settings = dataclasses.field(default_factory=reservations.Settings)
     telemetry: live.LiveSettings | None = None
     """The telemetry analysis (over-consumption, staleness, headroom); used when ``nats`` is set."""
+    telemetry_feed: consumer.ConsumerConfig = dataclasses.field(default_factory=consumer.ConsumerConfig)
+    """The telemetry consumer: the clock skew it allows, how long a publisher counts as live (the staleness floor)."""
 
 
 def settings_from(values: Mapping[str, object]) -> Settings:
@@ -387,4 +396,8 @@ def settings_from(values: Mapping[str, object]) -> Settings:
         webhook=webhook_settings_from(values),
         reservation=reservation_settings_from(values),
         telemetry=live_settings_from(values, queue_label=str(values["queue_label"])),
+        telemetry_feed=consumer.ConsumerConfig(
+            max_skew_s=float(str(values["telemetry_max_skew"])),
+            live_floor_s=float(str(values["telemetry_stale_floor"])),
+        ),
     )

@@ -61,6 +61,8 @@ class TelemetryLoop:
         """Nodes whose telemetry the analysis holds (forgotten there when they leave the cluster)."""
         self._cleared: dict[str, int | Problem] = {}
         """Per node with a health report, the operator's clearing time the report was last judged with."""
+        # A node quiet because its messages are rejected (a clock that jumped, ...) says so in its TelemetryStale.
+        telemetry.staleness.explain_with(consumer.why_rejected)
 
     async def run(self) -> None:
         consumer, telemetry = self._consumer, self._telemetry
@@ -104,6 +106,8 @@ class TelemetryLoop:
         self._health(changes.health, now_ns=now_ns, sweep=sweep)
         if sweep:
             self._act(telemetry.check(now_ns=now_ns))
+            # Two live publishers claiming a node of the cluster: TelemetryConflict (feed.conflicts).
+            self._alerts.send(consumer.check_conflicts(now_ns=now_ns, known=nodes))
             self._metrics.set_telemetry_ages(telemetry.ages_s(now_ns=now_ns))
             self._count()
 

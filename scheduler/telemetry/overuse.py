@@ -85,6 +85,7 @@ class AlertName(enum.StrEnum):
     UNATTRIBUTED_GPU_MEMORY = "UnattributedGpuMemory"
     TELEMETRY_STALE = "TelemetryStale"
     GPU_UNHEALTHY = "GpuUnhealthy"
+    TELEMETRY_CONFLICT = "TelemetryConflict"  # two live publishers claim one node (scheduler.telemetry.feed.conflicts)
 
 
 class PodPhase(enum.StrEnum):

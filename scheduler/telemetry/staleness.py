@@ -7,11 +7,16 @@ telemetry never blocks anything: placement falls back to requests for that node 
 
 ``StalenessWatch`` is pure: it holds the receive time and interval of each node's last sample, and both ``record``
 (a sample arrived) and ``check`` (the consumer's periodic sweep) take the time as an argument and return transitions.
+
+A node can also go quiet because its messages arrive and are rejected: an agent whose clock jumped (``clock_skew``),
+one reporting what no device can (``memory_over_total``), a broken build. Then the alert says so: the telemetry loop
+hands the watch the feed's ``why_rejected`` (``explain_with``), whose answer the firing alert's message carries.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Final
 
 from common import wire
@@ -44,10 +49,16 @@ class StalenessWatch:
     def __init__(self, *, floor_ns: int) -> None:
         self._floor_ns = floor_ns
         self._nodes: dict[str, _Freshness] = {}
+        self._explain: Callable[[str], str | None] = _unexplained
 
     @property
     def floor_ns(self) -> int:
         return self._floor_ns
+
+    def explain_with(self, explain: Callable[[str], str | None]) -> None:
+        """Where a firing alert learns why a node went quiet, when it knows (the feed's ``why_rejected``): a sentence,
+        or None. It must not raise."""
+        self._explain = explain
 
     def record(self, node: str, *, interval_ms: int, received_ns: int) -> tuple[overuse.Transition, ...]:
         """A sample of ``node`` was accepted; resolves the node's alert if it was firing."""
@@ -76,6 +87,7 @@ class StalenessWatch:
                 continue
             freshness.stale_since_ns = freshness.received_ns + limit
             age_s = (now_ns - freshness.received_ns) / 1e9
+            why = self._explain(node)
             fired.append(
                 _transition(
                     node,
@@ -86,6 +98,7 @@ class StalenessWatch:
                         f"no telemetry from node {node} for {age_s:.1f}s (stale after {limit / 1e9:.1f}s: "
                         f"{INTERVALS_BEFORE_STALE} x {freshness.interval_ms} ms interval or the "
                         f"{self._floor_ns / 1e9:.1f}s floor); placement there falls back to requests"
+                        + ("" if why is None else f"; messages for it arrive but are rejected: {why}")
                     ),
                 )
             )
@@ -125,6 +138,10 @@ class StalenessWatch:
 
     def __len__(self) -> int:
         return len(self._nodes)
+
+
+def _unexplained(_node: str) -> str | None:
+    return None
 
 
 def _transition(node: str, *, state: wire.AlertState, at_ns: int, since_ns: int, message: str) -> overuse.Transition:

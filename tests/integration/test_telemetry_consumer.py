@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -29,7 +30,7 @@ def telemetry(
         node=node,
         boot=boot,
         seq=seq,
-        ts_ns=T0 + seq if ts_ns is None else ts_ns,
+        ts_ns=time.time_ns() if ts_ns is None else ts_ns,  # the consumer refuses a stamp far from its clock
         interval_ms=1000,
         driver_version="550.54.15",
         gpus=(
@@ -48,7 +49,7 @@ def telemetry(
 
 
 def health(node: str, *, seq: int, status: wire.HealthStatus = wire.HealthStatus.HEALTHY) -> wire.NodeHealth:
-    return wire.NodeHealth(v=1, node=node, boot="b1", seq=seq, ts_ns=T0 + seq, status=status, problems=())
+    return wire.NodeHealth(v=1, node=node, boot="b1", seq=seq, ts_ns=time.time_ns(), status=status, problems=())
 
 
 def tampered(message: wire.NodeTelemetry, **changes: Any) -> bytes:
@@ -179,7 +180,10 @@ async def test_every_kind_of_bad_message_is_rejected_and_counted_by_reason(nats_
         WireReason.OUT_OF_RANGE: (subjects.telemetry("gpu-a"), tampered(good, interval_ms=0)),
         WireReason.MISSING_FIELD: (subjects.telemetry("gpu-a"), tampered(good, boot=None)),
         WireReason.UNKNOWN_VERSION: (subjects.telemetry("gpu-a"), tampered(good, v=2)),
-        WireReason.OUT_OF_SEQUENCE: (subjects.telemetry("gpu-a"), wire.encode(telemetry("gpu-a", seq=9))),
+        WireReason.CLOCK_SKEW: (
+            subjects.telemetry("gpu-a"),
+            wire.encode(telemetry("gpu-a", seq=11, ts_ns=time.time_ns() + 3600 * 10**9)),
+        ),
         WireReason.SUBJECT_MISMATCH: (subjects.telemetry("gpu-b"), wire.encode(telemetry("gpu-a", seq=11))),
     }
     async with running(nats_server) as telemetry_consumer, connected(nats_server, "agent") as agent:
@@ -218,19 +222,21 @@ def test_nodes_beyond_the_cap_are_dropped_and_silent_nodes_are_forgotten() -> No
         now_ns=lambda: now[0],
     )
     nodes = [f"gpu-{i}" for i in range(5)]
-    telemetry_consumer.ingest([(subjects.telemetry(n), wire.encode(telemetry(n, seq=1))) for n in nodes])
+    telemetry_consumer.ingest([(subjects.telemetry(n), wire.encode(telemetry(n, seq=1, ts_ns=now[0]))) for n in nodes])
     assert sorted(telemetry_consumer.latest()) == nodes[:3]
     assert telemetry_consumer.counters.dropped_node_limit == 2
 
     now[0] += 30 * 10**9
-    telemetry_consumer.ingest([(subjects.telemetry("gpu-0"), wire.encode(telemetry("gpu-0", seq=2)))])
+    telemetry_consumer.ingest([(subjects.telemetry("gpu-0"), wire.encode(telemetry("gpu-0", seq=2, ts_ns=now[0])))])
     telemetry_consumer.take_changes()
     now[0] += 40 * 10**9
     assert telemetry_consumer.forget_silent(now[0]) == {"gpu-1", "gpu-2"}
     assert sorted(telemetry_consumer.latest()) == ["gpu-0"]
     assert telemetry_consumer.take_changes().forgotten == {"gpu-1", "gpu-2"}
     # A forgotten node's next message is accepted as a first one, and room was made for new nodes.
-    telemetry_consumer.ingest([(subjects.telemetry(n), wire.encode(telemetry(n, seq=1))) for n in ("gpu-1", "gpu-4")])
+    telemetry_consumer.ingest(
+        [(subjects.telemetry(n), wire.encode(telemetry(n, seq=1, ts_ns=now[0]))) for n in ("gpu-1", "gpu-4")]
+    )
     assert sorted(telemetry_consumer.latest()) == ["gpu-0", "gpu-1", "gpu-4"]
 
 

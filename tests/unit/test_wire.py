@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgpack
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -289,12 +290,31 @@ gpus = st.builds(
     mig_mode=maybe(st.booleans()),
     processes=st.lists(processes, max_size=6).map(tuple),
 )
+
+
+def plausible(gpu: wire.GpuReport) -> wire.GpuReport:
+    """No amount above the device's total (what ``wire.implausible`` refuses is tested on its own)."""
+    total = gpu.memory_total_bytes
+    return msgspec.structs.replace(
+        gpu,
+        memory_reserved_bytes=min(gpu.memory_reserved_bytes, total),
+        memory_used_bytes=min(gpu.memory_used_bytes, total),
+        memory_free_bytes=min(gpu.memory_free_bytes, total),
+        processes=tuple(
+            process
+            if process.used_memory_bytes is None
+            else msgspec.structs.replace(process, used_memory_bytes=min(process.used_memory_bytes, total))
+            for process in gpu.processes
+        ),
+    )
+
+
 telemetry = st.builds(
     wire.NodeTelemetry,
     **envelope,
     interval_ms=st.integers(1, 3_600_000),
     driver_version=maybe(text(1, 80)),
-    gpus=st.lists(gpus, max_size=4).map(tuple),
+    gpus=st.lists(gpus.map(plausible), max_size=4, unique_by=(lambda gpu: gpu.index, lambda gpu: gpu.uuid)).map(tuple),
 )
 problems = st.builds(
     wire.HealthProblem,
@@ -664,7 +684,7 @@ def test_a_message_out_of_sequence_is_a_verdict_not_an_exception() -> None:
     gate = sequencing.SequenceGate()
     assert gate.admit("n", boot="a", seq=5, ts_ns=10) is sequencing.Admission.ACCEPTED
     verdict = gate.admit("n", boot="a", seq=5, ts_ns=10)
-    assert not verdict.accepted  # the consumer counts it under WireReason.OUT_OF_SEQUENCE
+    assert not verdict.accepted  # the very message again: the consumer counts it as a duplicate
 
 
 # --- encoding ---

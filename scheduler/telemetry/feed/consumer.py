@@ -18,6 +18,9 @@ Why it is shaped this way:
   newest of both. The subscription survives reconnects, but what was published during the outage is only in the
   stream (and a restarted server with memory storage has lost the stream), so on every reconnect the consumer
   declares the stream again and replays it, counting the gap.
+- Trust: no publisher can mute a node or make the scheduler believe a stamp far from its own clock
+  (``readings``, ``conflicts``; docs/telemetry-trust.md); the telemetry loop asks ``check_conflicts`` on its sweep
+  and ``why_rejected`` for the staleness alert's text.
 """
 
 from __future__ import annotations
@@ -26,12 +29,13 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Final, Protocol
 
 from common import logs, messaging, retrying, subjects
 from common.backoff import Backoff
 from common.errors import BusError
+from scheduler.telemetry import overuse
 from scheduler.telemetry.feed import readings
 
 log = logs.get("telemetry.consumer")
@@ -49,6 +53,12 @@ DEFAULT_FORGET_AFTER_S: Final = 3600.0
 # that is dropped and counted at the door instead of piling up in memory.
 DEFAULT_MAX_BUFFERED_MESSAGES: Final = 40_000
 DEFAULT_MAX_BUFFERED_BYTES: Final = 64 * 1024 * 1024
+# NTP keeps clocks within milliseconds; 30 s tolerates a badly kept one while refusing what could matter: a stamp an
+# hour off, or one far enough to outlive the staleness threshold. The scheduler's --telemetry-max-skew.
+DEFAULT_MAX_SKEW_S: Final = 30.0
+# A publisher counts as live (a possible rival) for max(3 x its interval, this floor) after its last message: the
+# staleness rule and the default of the scheduler's --telemetry-stale-floor, which the scheduler passes here.
+DEFAULT_LIVE_FLOOR_S: Final = 10.0
 
 
 class ReconnectCounts(Protocol):
@@ -90,12 +100,15 @@ class ConsumerConfig:
     max_buffered_messages: int = DEFAULT_MAX_BUFFERED_MESSAGES
     max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
     replay_timeout_s: float = 2.0
+    max_skew_s: float = DEFAULT_MAX_SKEW_S
+    live_floor_s: float = DEFAULT_LIVE_FLOOR_S
     retry: Backoff = dataclasses.field(default_factory=lambda: Backoff(base_s=0.1, cap_s=5.0))
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_nodes < 1 or self.max_buffered_messages < 1 or self.max_buffered_bytes < 1:
             raise ValueError(f"consumer limits must be positive: {self}")
-        if self.flush_interval_s <= 0 or self.forget_after_s <= 0 or self.replay_timeout_s <= 0:
+        durations = (self.flush_interval_s, self.forget_after_s, self.replay_timeout_s, self.max_skew_s)
+        if min(durations) <= 0 or self.live_floor_s <= 0:
             raise ValueError(f"consumer durations must be positive: {self}")
 
 
@@ -130,6 +143,8 @@ class TelemetryConsumer:
             max_batch=self._config.max_batch,
             max_nodes=self._config.max_nodes,
             forget_after_s=self._config.forget_after_s,
+            max_skew_ns=round(self._config.max_skew_s * 1e9),
+            live_floor_ns=round(self._config.live_floor_s * 1e9),
         )
         self._buffer: list[tuple[str, bytes]] = []
         self._buffered_bytes = 0
@@ -154,6 +169,15 @@ class TelemetryConsumer:
     @property
     def buffered(self) -> int:
         return len(self._buffer)
+
+    def why_rejected(self, node: str) -> str | None:
+        """Why ``node`` is quiet when its messages were rejected since its last accepted one (for people); else None."""
+        return self._readings.why_rejected(node)
+
+    def check_conflicts(self, *, now_ns: int, known: Container[str]) -> tuple[overuse.Transition, ...]:
+        """``TelemetryConflict`` firing for the nodes of the cluster with two live publishers, resolving for those
+        down to one (``conflicts``), since the last check."""
+        return self._readings.check_conflicts(now_ns=now_ns, known=known)
 
     # -- the task ----------------------------------------------------------------------------------------------------
 
@@ -219,11 +243,12 @@ class TelemetryConsumer:
         finally:
             self._replaying = False
         self.counters.replays += 1
-        # Replayed messages are older than (or the same as) anything live, so the live buffer goes after them.
+        # Replayed messages are older than (or the same as) anything live, so the live buffer goes after them. Both
+        # overlap what was applied before (and a live message that waited may be older than the stream's copy of a
+        # later one): a message behind its stream is superseded there, not a second publisher.
         live, self._buffer, self._buffered_bytes = self._buffer, [], 0
-        self._readings.ingest(replayed)
-        # A live message that waited may be older than the stream's copy of a later one: superseded, not forged.
-        self._readings.ingest(live, superseded_ok=True)
+        self._readings.ingest(replayed, replay=True)
+        self._readings.ingest(live, replay=True)
         log.info("telemetry_replayed", messages=len(replayed), nodes=self._readings.nodes)
         return True
 

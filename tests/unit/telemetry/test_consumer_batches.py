@@ -146,7 +146,9 @@ def test_a_telemetry_subject_that_names_no_node_is_rejected_before_decoding() ->
 
 
 def test_the_same_subject_keeps_naming_its_node_after_a_flood_of_other_subjects() -> None:
-    telemetry = consumer.TelemetryConsumer(bus=FakeBus(), config=consumer.ConsumerConfig(max_nodes=3))
+    telemetry = consumer.TelemetryConsumer(
+        bus=FakeBus(), config=consumer.ConsumerConfig(max_nodes=3), now_ns=lambda: T0
+    )
     telemetry.ingest([sample("gpu.a", seq=1)])  # a dotted name: its subject's token is gpu~a
     flood = [(subjects.telemetry(f"forged-{i}"), b"\x00") for i in range(50)]
     telemetry.ingest(flood)
