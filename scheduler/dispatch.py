@@ -38,6 +38,9 @@ DISRUPTION_REASONS: dict[decisions.EvictionReason, str] = {
     decisions.EvictionReason.OVERUSE: names.TERMINATION_BY_SCHEDULER,
 }
 QUARANTINE_MIN_S = 30.0
+NOMINATION_TTL_S = 120.0
+"""A nomination (``status.nominatedNodeName``) no plan has renewed for this long is cleared: longer than a victim's
+usual termination grace (30 s), so a pipelined placement keeps its room."""
 """A node where a reservation pod got no GPU takes no new pods for at least this long (or the UUID timeout)."""
 _RESERVATION_FAILURES = ("ReservationTimeout", "ReservationFailed")
 
@@ -103,6 +106,9 @@ class Dispatcher:
         self.binder: binding.Binder | None = None
         """Set by the composition once the binder (which reports back here) exists."""
         self.in_flight: dict[str, InFlight] = {}
+        self._nominated_at_s: dict[str, float] = {}
+        """When a plan last nominated each pod still nominated (monotonic seconds)."""
+        self._next_nomination_sweep_s = 0.0
         self.cycle = 0
         """The number of the last cycle dispatched; decisions made outside a cycle carry it too."""
 
@@ -137,6 +143,28 @@ class Dispatcher:
             self._contained(self._nominate, nomination, pod=nomination.pod)
         for eviction in result.evictions:
             self._contained(self._evict_victim, eviction, pod=eviction.pod)
+        now_s = self._clock_s()
+        for nomination in result.nominations:
+            self._nominated_at_s[str(nomination.pod)] = now_s
+        if now_s >= self._next_nomination_sweep_s:
+            self._next_nomination_sweep_s = now_s + NOMINATION_TTL_S / 4
+            self._contained(self._expire_nominations, now_s, pod=model.PodUid("(nominations)"))
+
+    def _expire_nominations(self, now_s: float) -> None:
+        """Clear the nomination of a pod no plan has nominated for ``NOMINATION_TTL_S`` (the room it was made for went
+        to no use, or a previous leader set it): a nominated group goes before every other, so a nomination left
+        behind would keep it ahead of the fair-share order for good."""
+        seen: dict[str, float] = {}
+        for uid, pod in self._state.pods.items():
+            if pod.nominated_node is None or pod.node or uid in self._state.assumed:
+                continue
+            since = self._nominated_at_s.get(uid, now_s)
+            if now_s - since < NOMINATION_TTL_S:
+                seen[uid] = since
+                continue
+            log.info("nomination_expired", pod=f"{pod.namespace}/{pod.name}", node=pod.nominated_node)
+            self._binder().submit_nomination(pod_ref(pod), None)
+        self._nominated_at_s = seen
 
     def _contained(self, action: Callable[..., None], *args: object, pod: model.PodUid) -> None:
         try:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from common import logs
 from scheduler.kube import statuswriter
 from scheduler.kube.errors import KubeError
 from scheduler.metrics import SchedulerMetrics
 from scheduler.objects.records import PodRecord
-from scheduler.placement import model, plan
+from scheduler.placement import model, plan, status
 from scheduler.state import snapshot
 from scheduler.state.cache import ClusterState
 
@@ -69,9 +69,10 @@ class StatusReporter:
             return
         built, outcome = self._latest
         state = self._state
+        statuses = {**outcome.statuses, **orphaned(built.snapshot, outcome.statuses)}
         pending_pods: dict[model.GroupId, list[PodRecord]] = {}
         group_queues: dict[model.GroupId, str] = {}
-        for group_id in outcome.statuses:
+        for group_id in statuses:
             group = built.snapshot.groups.get(group_id)
             if group is None:
                 continue
@@ -82,7 +83,7 @@ class StatusReporter:
                 if pod.phase is model.PodPhase.PENDING and str(pod.uid) in state.pods
             ]
         issues = {issue.queue: issue for issue in built.queue_issues}
-        await self._writer.groups(outcome.statuses, built.podgroups, pending_pods, issues, group_queues)
+        await self._writer.groups(statuses, built.podgroups, pending_pods, issues, group_queues)
         await self._writer.pod_issues(built.pod_issues, state.pods)
         now = time.monotonic()
         if now - self._queues_written_at < QUEUE_STATUS_PERIOD_S:
@@ -107,3 +108,20 @@ class StatusReporter:
                 requested=current.requested,
             )
         self._metrics.forget_queues({str(name) for name in outcome.queues})
+
+
+def orphaned(
+    snapshot: model.Snapshot, statuses: Mapping[model.GroupId, status.Status]
+) -> dict[model.GroupId, status.Status]:
+    """``QueueDoesNotExist`` for the running groups of a queue that does not exist (deleted under them): the plan
+    carries statuses of pending groups only, and their owners must learn that their pods run in no queue (with no
+    deserved share, so other queues may reclaim from them)."""
+    return {
+        group_id: status.unschedulable(
+            status.Reason.QUEUE_DOES_NOT_EXIST,
+            f"queue {group.queue} does not exist: the group's running pods keep running with no deserved share "
+            "(other queues may reclaim from them), and its new pods wait until the queue is created",
+        )
+        for group_id, group in snapshot.groups.items()
+        if group.queue not in snapshot.queues and group_id not in statuses
+    }

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from common.resources import Resources
-from scheduler.placement import decisions, model, plan
+from scheduler.placement import decisions, gangs, model, plan
 
 FULL = model.MILLI_GPU_PER_DEVICE
 
@@ -105,9 +105,8 @@ def _touched_groups(result: plan.Plan) -> list[model.GroupId]:
 
 
 def _below_min_since(group: model.Group, members: tuple[model.Pod, ...], now: int) -> int | None:
-    running = sum(1 for pod in members if pod.phase is model.PodPhase.RUNNING)
-    satisfied = running + sum(1 for pod in members if pod.phase is model.PodPhase.SUCCEEDED)
-    if running == 0 or satisfied >= group.min_member:
+    running = any(pod.phase is model.PodPhase.RUNNING for pod in members)
+    if not running or gangs.below_minimum(dataclasses.replace(group, members=members)) is None:
         return None
     return group.below_min_since_ns if group.below_min_since_ns is not None else now
 

@@ -8,8 +8,9 @@ the end of the cycle everything is undone, so the index mirrors the snapshot aga
 Indexes, per node class (nodes that the static filters cannot tell apart, see ``filters.NodeClass``):
 
 - ``whole[W]``: the nodes with exactly W free whole devices, sorted by node order (name order);
-- ``shared``: every shared device with room left, as ``(free milli-GPU, free whole devices of its node, node order,
-  device index)`` sorted, so a share finds its best fitting device by bisection;
+- ``shared[W]``: every shared device with room left on the nodes with exactly W free whole devices, as ``(free
+  milli-GPU, node order, device index)`` sorted, so a share finds the best fitting device of the best nodes by
+  bisection;
 - ``cpu``: every node as ``(free whole devices, free millicores, node order)`` sorted, for CPU-only pods;
 - ``members``: every node of the class in node order;
 - ``looks``: the nodes of the class grouped by how they look to placement (``Look``: the scorer's ``NodeState`` and
@@ -93,7 +94,7 @@ class ClassIndex:
     def __init__(self, node_class: filters.NodeClass) -> None:
         self.node_class = node_class
         self.whole: dict[int, list[int]] = {}
-        self.shared: list[tuple[int, int, int, int]] = []
+        self.shared: dict[int, list[tuple[int, int, int]]] = {}
         self.cpu: list[tuple[int, int, int]] = []
         self.members: list[int] = []
         self.looks: dict[tuple[object, ...], Look] = {}
@@ -240,7 +241,9 @@ class Capacity:
             bisect.insort(index.whole.setdefault(work.whole_count, []), work.order)
         for device, group in enumerate(work.dev_group):
             if group is not None and work.dev_free[device] > 0:
-                bisect.insort(index.shared, (work.dev_free[device], work.whole_count, work.order, device))
+                bisect.insort(
+                    index.shared.setdefault(work.whole_count, []), (work.dev_free[device], work.order, device)
+                )
         key = _look_key(work)
         look = index.looks.get(key)
         if look is None:
@@ -257,8 +260,8 @@ class Capacity:
             del bucket[bisect.bisect_left(bucket, work.order)]
         for device, group in enumerate(work.dev_group):
             if group is not None and work.dev_free[device] > 0:
-                entry = (work.dev_free[device], work.whole_count, work.order, device)
-                del index.shared[bisect.bisect_left(index.shared, entry)]
+                shared = index.shared[work.whole_count]
+                del shared[bisect.bisect_left(shared, (work.dev_free[device], work.order, device))]
         look = self.look_of[work.order]
         if look is None:
             raise RuntimeError(f"node {work.name} is not indexed")

@@ -2,10 +2,17 @@
 
 ``Cycle`` lives only while ``engine.Engine.run`` runs; it reads the engine's caches it is handed (the groups'
 ``roster.Roster``, the ``search.Searcher``), never the engine itself. Allocate serves leaf queues in fair-share
-order (``ordering.QueueOrder``; the order is recomputed only after something was placed, since a failure changes no
-queue's standing) and inside a queue groups by priority then age; each group's minimum is one transaction on the
-``Draft``; elastic extras come after every minimum. Consolidate, reclaim and preempt then work on the groups whose
-minimum did not fit (``evictions``); stale-gang eviction looks at running gangs below their minimum.
+order with the job each would run next (``ordering.QueueOrder``, asked again after every group tried) and inside a
+queue groups by priority then age; each group's minimum is one transaction on the ``Draft``. Elastic extras come
+after every minimum: queues in their order, the groups of a queue in turn, one pod at a time. Consolidate, reclaim
+and preempt then work on the groups whose minimum did not fit, and after them on the elastic pods that did not
+(``evictions``); stale-gang eviction looks at running gangs below their minimum. At the end, every pod evicted to
+make room that fits somewhere after all is moved instead (``evictions.move_leftovers``); the statuses of the groups
+left pending come from ``pending``.
+
+Groups of a queue that does not exist (``orphans``: deleted, or never created) are not tried: they wait with
+``QueueDoesNotExist``, while their running pods count for an orphan leaf with nothing deserved, which any queue
+within its fair share may reclaim from.
 
 ``clock_matters`` tells the engine whether the plan depended on the time (a victim too young for its min-runtime,
 a stale gang still within its grace): if not, the same state at a later time gives the same plan.
@@ -19,18 +26,20 @@ from collections.abc import Mapping, Sequence
 from common.resources import Resources
 from scheduler.placement import (
     decisions,
-    diagnosis,
+    elastic,
     evictions,
     fairshare,
     gangs,
     model,
     ordering,
+    pending,
     plan,
     roommaking,
     roster,
     search,
     shapes,
     status,
+    walk,
 )
 
 
@@ -58,9 +67,11 @@ class Cycle:
         searcher: search.Searcher,
         offered: Resources,
         never_key: tuple[int, int],
+        orphans: frozenset[model.QueueName] = frozenset(),
     ) -> None:
         """``offered`` is what the cluster offers our queues; ``never_key`` what a ``NeverFits`` verdict depends on
-        (the nodes' and the queues' versions)."""
+        (the nodes' and the queues' versions); ``orphans`` the queues that groups name but that do not exist (in
+        ``tree`` as roots with nothing deserved: their pods may be reclaimed, new ones wait)."""
         self.snapshot = snapshot
         self.draft = draft
         self.tree = tree
@@ -70,17 +81,28 @@ class Cycle:
         self.statuses: dict[model.GroupId, status.Status] = {}
         self.failed: list[Failed] = []
         self.elastic_waiting: list[tuple[model.Group, model.Pod]] = []
-        self.summaries: dict[shapes.Shape, tuple[str, bool]] = {}
         self.scene: roommaking.Scene | None = None
         self.pod_shapes: dict[model.PodUid, shapes.Shape] = {}
+        self.orphans = orphans
         pending = set(groups.pending_queues())
-        self.leaves = [name for name in tree.depth_first() if tree.is_leaf(name) and name in pending]
+        self.leaves = [
+            name for name in tree.depth_first() if tree.is_leaf(name) and name in pending and name not in orphans
+        ]
         self.never_key = never_key
         self.reference = groups.reference_memory
+        self.offered = offered
+        self.walk = walk.Walk(groups, self.leaves)
+        # The order asks the walk, never the cycle: no reference cycle keeps a cycle's garbage for the collector.
         self.order = ordering.QueueOrder(
-            queue_tree=tree, shares=shares, usage=draft.usage, capacity=offered, leaves=self.leaves
+            queue_tree=tree,
+            shares=shares,
+            usage=draft.usage,
+            capacity=offered,
+            leaves=self.leaves,
+            job=self.walk.next_job,
         )
-        self.explained: dict[shapes.Shape, tuple[status.Reason, str]] = {}
+        self.refusals: dict[model.GroupId, str] = {}
+        """Why reclaim did not act for a group, in numbers (added to its status)."""
 
     def run(self) -> plan.Plan:
         self._reject_homeless()
@@ -92,8 +114,13 @@ class Cycle:
                 self._stale_gangs()
             else:
                 self._make_room(action)
+        if self.scene is not None:
+            evictions.move_leftovers(self.scene)
         self._finish_statuses()
-        return self.draft.finish(self.statuses, self.shares)
+        shares = self.shares
+        if self.orphans:
+            shares = {name: share for name, share in shares.items() if name not in self.orphans}
+        return self.draft.finish(self.statuses, shares)
 
     @property
     def clock_matters(self) -> bool:
@@ -104,14 +131,17 @@ class Cycle:
     def _reject_homeless(self) -> None:
         """Groups whose queue does not exist, or is not a leaf, get their status and are not tried."""
         for queue in self.roster.pending_queues():
-            if queue in self.tree.queues and self.tree.is_leaf(queue):
+            if queue in self.tree.queues and self.tree.is_leaf(queue) and queue not in self.orphans:
                 continue
             for group in self.roster.pending_groups(queue):
-                if queue not in self.tree.queues:
-                    message = f"queue {queue} does not exist"
+                if queue not in self.tree.queues or queue in self.orphans:
+                    message = f"queue {queue} does not exist; the group waits until it is created"
                 else:
                     message = f"queue {queue} is a parent queue; only leaf queues take workloads"
                 self.statuses[group.id] = status.unschedulable(status.Reason.QUEUE_DOES_NOT_EXIST, message)
+
+    def _chain(self, queue: model.QueueName) -> tuple[model.QueueName, ...]:
+        return self.draft.usage.chains.get(queue) or self.tree.ancestors(queue)
 
     def _shape(self, pod: model.Pod) -> shapes.Shape:
         found = self.pod_shapes.get(pod.uid)
@@ -123,31 +153,40 @@ class Cycle:
     def _allocate(self) -> None:
         groups = self.roster
         order = self.order
-        pointers = dict.fromkeys(self.leaves, 0)
+        walking = self.walk
+        pointers = walking.pointers
         extras: list[tuple[model.Group, tuple[model.Pod, ...]]] = []
         # Room made by evictions in earlier cycles goes to the groups it was made for, before anybody else.
         first = [group for group in groups.nominated_groups() if group.queue in pointers]
         for group in first:
-            self._allocate_group(group, extras)
-        done = {group.id for group in first}
+            mine: list[tuple[model.Group, tuple[model.Pod, ...]]] = []
+            self._allocate_group(group, mine)
+            for owner, pods in mine:
+                # Elastic pods the room was made for go now too; the others wait for every minimum as usual.
+                nominated = [pod for pod in pods if pod.nominated_node is not None]
+                rest = tuple(pod for pod in pods if pod.nominated_node is None)
+                if all(self._place_extra(owner, pod) for pod in nominated) and rest:
+                    extras.append((owner, rest))
+        walking.done.update(group.id for group in first)
+        for queue in {group.queue for group in first}:
+            order.touched(queue)
         leaf = order.next()
         while leaf is not None:
             waiting = groups.pending_groups(leaf)
-            position = pointers[leaf]
-            while position < len(waiting):
-                group = waiting[position]
-                position += 1
-                if group.id not in done and self._allocate_group(group, extras):
-                    break
-            pointers[leaf] = position
-            if position >= len(waiting):
+            position = walking.skip_done(leaf)
+            if position < len(waiting):
+                self._allocate_group(waiting[position], extras)
+                pointers[leaf] = position + 1
+            if walking.skip_done(leaf) >= len(waiting):
                 order.exhausted(leaf)
+            else:
+                order.touched(leaf)
             leaf = order.next()
         self._place_extras(extras)
 
     def _allocate_group(self, group: model.Group, extras: list[tuple[model.Group, tuple[model.Pod, ...]]]) -> bool:
         """Try a group's minimum; True when something was placed (the queue order may have changed)."""
-        needs = gangs.needs(group)
+        needs, amounts = self.walk.needs(group)
         if needs.missing:
             pods = len(group.members)
             self.statuses[group.id] = status.unschedulable(
@@ -162,8 +201,7 @@ class Cycle:
             return False
         minimum = needs.minimum
         pod_shapes = {pod.uid: self._shape(pod) for pod in minimum}
-        amounts = gangs.total(minimum, self.reference)
-        chain = self.tree.ancestors(group.queue)
+        chain = self._chain(group.queue)
         never = self.roster.never.get(group.id)
         if never is not None and never.group is group and never.key == self.never_key:
             self.statuses[group.id] = never.status
@@ -205,49 +243,52 @@ class Cycle:
         amounts: Resources,
         chain: Sequence[model.QueueName],
     ) -> gangs.Failure | status.Status | None:
-        """Place ``pods`` as one transaction; a gpu-memory share is checked against the limits once its device, and
-        so its real share, is known (the check before placement estimated it on the largest device)."""
-        draft = self.draft
         for pod in pods:
             self._shape(pod)
-        start = draft.checkpoint()
-        failure = gangs.try_place(
-            draft=draft, searcher=self.searcher, group=group, pods=pods, pod_shapes=self.pod_shapes
+        return gangs.place_within_limits(
+            draft=self.draft,
+            searcher=self.searcher,
+            group=group,
+            pods=pods,
+            pod_shapes=self.pod_shapes,
+            amounts=amounts,
+            chain=chain,
+            queues=self.tree.queues,
         )
-        if failure is not None or not any(pod.share is not None and pod.share.memory_bytes for pod in pods):
-            return failure
-        actual = sum(
-            sum(placement.share_milli) or len(placement.devices) * model.MILLI_GPU_PER_DEVICE
-            for placement in draft.placements[start.placements :]
-        )
-        if actual <= amounts.milli_gpu:
-            return None
-        draft.rollback(start)
-        real = dataclasses.replace(amounts, milli_gpu=actual)
-        checked = gangs.queue_check(group=group, amounts=real, chain=chain, queues=self.tree.queues, usage=draft.usage)
-        if checked is not None:
-            return checked
-        return gangs.try_place(draft=draft, searcher=self.searcher, group=group, pods=pods, pod_shapes=self.pod_shapes)
 
     def _place_extras(self, extras: Sequence[tuple[model.Group, tuple[model.Pod, ...]]]) -> None:
-        """Elastic members beyond the minimum, after every minimum, each on its own."""
-        for group, pods in extras:
-            chain = self.tree.ancestors(group.queue)
-            for pod in pods:
-                amounts = gangs.total((pod,), self.reference)
-                checked = gangs.queue_check(
-                    group=group, amounts=amounts, chain=chain, queues=self.tree.queues, usage=self.draft.usage
-                )
-                if checked is not None:
-                    self.statuses.setdefault(group.id, checked)
-                    break
-                placed = self._place_within_limits(group, (pod,), amounts, chain)
-                if isinstance(placed, status.Status):
-                    self.statuses.setdefault(group.id, placed)
-                    break
-                if placed is not None:
-                    self.elastic_waiting.append((group, pod))
-                    break
+        elastic.hand_out(
+            extras,
+            order=lambda leaves, job: ordering.QueueOrder(
+                queue_tree=self.tree,
+                shares=self.shares,
+                usage=self.draft.usage,
+                capacity=self.offered,
+                leaves=leaves,
+                job=job,
+            ),
+            reference_memory=self.reference,
+            place=self._place_extra,
+        )
+
+    def _place_extra(self, group: model.Group, pod: model.Pod) -> bool:
+        """One elastic pod; True when placed (a pod that does not fit waits, and its group's later extras too)."""
+        chain = self._chain(group.queue)
+        amounts = gangs.total((pod,), self.reference)
+        checked = gangs.queue_check(
+            group=group, amounts=amounts, chain=chain, queues=self.tree.queues, usage=self.draft.usage
+        )
+        if checked is not None:
+            self.statuses.setdefault(group.id, checked)
+            return False
+        placed = self._place_within_limits(group, (pod,), amounts, chain)
+        if isinstance(placed, status.Status):
+            self.statuses.setdefault(group.id, placed)
+            return False
+        if placed is not None:
+            self.elastic_waiting.append((group, pod))
+            return False
+        return True
 
     # --- consolidate, reclaim, preempt ---------------------------------------------------------------------------
 
@@ -261,12 +302,15 @@ class Cycle:
             pod_shapes=self.pod_shapes,
             order=self.order,
             tree=self.tree,
+            shares=self.shares,
             running=self.roster.running_groups(),
         )
         return self.scene
 
     def _make_room(self, action: model.Action) -> None:
-        if not self.failed:
+        """Consolidate, reclaim or preempt for every group whose minimum did not fit, then (every minimum served
+        first) for every elastic pod that did not."""
+        if not self.failed and not self.elastic_waiting:
             return
         scene = self._scene()
         reason = {
@@ -274,18 +318,29 @@ class Cycle:
             model.Action.RECLAIM: decisions.EvictionReason.RECLAIM,
             model.Action.PREEMPT: decisions.EvictionReason.PREEMPT,
         }[action]
-        for failed in self.failed:
-            group = failed.group
+        wanted: list[tuple[model.Group, tuple[model.Pod, ...], Resources]] = [
+            (failed.group, failed.minimum, failed.amounts) for failed in self.failed
+        ]
+        wanted += [(group, (pod,), gangs.total((pod,), self.reference)) for group, pod in self.elastic_waiting]
+        now = self.snapshot.now_ns
+        for group, pods, amounts in wanted:
             if group.id in self.statuses:
                 continue
-            # The minimum may have become placeable through evictions made for an earlier group: never mind then.
+            if group.evictions_from_ns is not None and now < group.evictions_from_ns:
+                scene.clock_matters = True  # KAI's preemption delay: no evictions for it yet
+                seconds = -(-(group.evictions_from_ns - now) // 1_000_000_000)
+                self.refusals[group.id] = f"its preemption delay lets it evict others in {seconds}s"
+                continue
+            # The pods may have become placeable through evictions made for an earlier group: never mind then.
             if action is model.Action.CONSOLIDATE:
-                done = evictions.consolidate(scene, group, failed.minimum)
+                refused = evictions.consolidate(scene, group, pods)
             elif action is model.Action.RECLAIM:
-                done = evictions.reclaim(scene, group, failed.minimum, failed.amounts)
+                refused = evictions.reclaim(scene, group, pods, amounts)
+                if refused is not None:
+                    self.refusals[group.id] = refused
             else:
-                done = evictions.preempt(scene, group, failed.minimum)
-            if done:
+                refused = evictions.preempt(scene, group, pods)
+            if refused is None:
                 self.statuses[group.id] = evictions.waiting_status(reason, group, self.draft)
 
     def _stale_gangs(self) -> None:
@@ -295,75 +350,27 @@ class Cycle:
 
     # --- statuses -----------------------------------------------------------------------------------------------
 
-    def _explain(self, pod: model.Pod) -> tuple[status.Reason, str]:
-        shape = self._shape(pod)
-        found = self.explained.get(shape)
-        if found is None:
-            found = diagnosis.explain(self.searcher, shape)
-            self.explained[shape] = found
-        return found
-
-    def _summary(self, shape: shapes.Shape) -> tuple[str, bool]:
-        """What is free for a pod of this shape in all, and whether one such pod alone would fit (end of cycle)."""
-        found = self.summaries.get(shape)
-        if found is None:
-            found = (diagnosis.free_summary(self.searcher, shape), self.searcher.find(shape) is not None)
-            self.summaries[shape] = found
-        return found
-
-    def _failure_status(self, failed: Failed) -> status.Status:
-        """The status of a group whose minimum did not fit, from the state the plan leaves behind.
-
-        It depends only on that end state and the group, never on how far the attempt got: the message describes
-        what a person can change now.
-        """
-        group = failed.group
-        blocker = next((pod for pod in failed.minimum if not self._summary(self._shape(pod))[1]), failed.minimum[0])
-        shape = self._shape(blocker)
-        reason, text = self._explain(blocker)
-        pod_text = diagnosis.describe_pod(blocker) + diagnosis.gpu_model_hint(shape)
-        usage = self.draft.usage.allocated
-        held = usage[group.queue]
-        fair = self.order.fair(group.queue)
-        everyone = sum((usage[root] for root in self.tree.roots), model.ZERO)
-        # Over quota only means something when others hold part of the cluster: alone, the queue is just short.
-        over = [
-            kind
-            for kind in fairshare.KINDS
-            if fairshare.amount(failed.amounts, kind) > 0
-            and fairshare.amount(held, kind) >= fairshare.amount(fair, kind)
-            and fairshare.amount(everyone, kind) > fairshare.amount(held, kind)
-            and reason is not status.Reason.NO_NODE_FITS
-        ]
-        if over:
-            kind = over[0]
-            return status.unschedulable(
-                status.Reason.OVER_QUOTA,
-                f"queue {group.queue} holds {status.amount_text(kind, fairshare.amount(held, kind))} of "
-                f"{kind.value}, at or over its fair share of "
-                f"{status.amount_text(kind, fairshare.amount(fair, kind))}: it runs on spare room only, and there "
-                f"is none for {pod_text}: {text}",
-            )
-        if len(failed.minimum) > 1:
-            summary, alone = self._summary(shape)
-            detail = summary if alone else f"{summary}; {pod_text}: {text}"
-            gpu = failed.amounts.milli_gpu
-            needs = f", {status.amount_text(fairshare.Kind.GPU, gpu)} in all" if gpu > 0 else ""
-            return status.unschedulable(
-                status.Reason.GANG_DOES_NOT_FIT,
-                f"gang of {len(failed.minimum)} pods must start together (minMember {group.min_member}{needs}), "
-                f"and they do not all fit at once: {detail}",
-            )
-        return status.unschedulable(reason, f"{pod_text}: {text}")
-
     def _finish_statuses(self) -> None:
+        explainer = pending.Explainer(self.searcher)
+        usage = self.draft.usage.allocated
+        everyone = sum((usage[root] for root in self.tree.roots), model.ZERO)
         for failed in self.failed:
             group = failed.group
             if group.id in self.statuses:
                 continue
-            self.statuses[group.id] = self._failure_status(failed)
-        for group, pod in self.elastic_waiting:
-            reason, text = self._explain(pod)
-            self.statuses.setdefault(
-                group.id, status.unschedulable(reason, f"elastic pod {pod.name} beyond the minimum waits: {text}")
+            self.statuses[group.id] = pending.failure_status(
+                explainer,
+                group=group,
+                minimum=failed.minimum,
+                pod_shapes=[self._shape(pod) for pod in failed.minimum],
+                amounts=failed.amounts,
+                held=usage[group.queue],
+                fair=self.order.fair(group.queue),
+                everyone=everyone,
+                refusal=self.refusals.get(group.id),
             )
+        for group, pod in self.elastic_waiting:
+            if group.id not in self.statuses:
+                self.statuses[group.id] = pending.elastic_status(
+                    explainer, pod, self._shape(pod), self.refusals.get(group.id)
+                )

@@ -158,7 +158,7 @@ def _share_candidates(cap: capacity.Capacity, cls: int, share: model.GpuShare) -
     index = cap.classes[cls]
     if share.memory_bytes:
         return index.members
-    found = {entry[2] for entry in index.shared[-8:]}
+    found = {entry[1] for bucket in index.shared.values() for entry in bucket[-8:]}
     found.update(bucket[0] for bucket in index.whole.values() if bucket)
     return sorted(found)
 

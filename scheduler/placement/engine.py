@@ -39,7 +39,8 @@ class Engine:
         self._capacity = capacity.Capacity()
         self.searcher = search.Searcher(self._capacity)
         self._roster = roster.Roster()
-        self._queues: Mapping[model.QueueName, model.Queue] | None = None
+        self._queues: tuple[Mapping[model.QueueName, model.Queue], frozenset[model.QueueName]] | None = None
+        self._orphans: frozenset[model.QueueName] = frozenset()
         self._queue_version = 0
         self._tree: fairshare.Tree | None = None
         self._chains: dict[model.QueueName, tuple[model.QueueName, ...]] = {}
@@ -59,7 +60,7 @@ class Engine:
         cap.sync(snapshot.nodes, margin_bytes=config.headroom_margin_bytes, label_keys=groups.label_keys)
         if cap.max_device_memory != groups.reference_memory:
             groups.sync(snapshot.groups, reference_memory=cap.max_device_memory)
-        self._sync_queues(snapshot.queues)
+        self._sync_queues(snapshot.queues, groups.queue_names())
         last = self._last
         if last is not None and last[0] == self._inputs(snapshot) and last[1] in (None, snapshot.now_ns):
             return last[2]  # nothing the plan depends on changed: the same plan, without running anything
@@ -79,6 +80,7 @@ class Engine:
             searcher=self.searcher,
             offered=self._offered,
             never_key=(cap.structure_version, self._queue_version),
+            orphans=self._orphans,
         )
         result = work.run()
         self._last = (self._inputs(snapshot), snapshot.now_ns if work.clock_matters else None, result)
@@ -94,15 +96,22 @@ class Engine:
             len(snapshot.queues),
         )
 
-    def _sync_queues(self, queues: Mapping[model.QueueName, model.Queue]) -> None:
-        if queues is self._queues:
+    def _sync_queues(self, queues: Mapping[model.QueueName, model.Queue], named: frozenset[model.QueueName]) -> None:
+        """Bring the queue tree in step: the snapshot's queues, and an orphan leaf for every queue that groups name
+        but that does not exist (``orphan``)."""
+        last = self._queues
+        if last is not None and last[0] is queues and last[1] is named:
             return
-        if self._queues is not None and dict(queues) == dict(self._queues):
-            self._queues = queues
+        orphans = frozenset(name for name in named if name not in queues)
+        if last is not None and orphans == self._orphans and (last[0] is queues or dict(queues) == dict(last[0])):
+            self._queues = (queues, named)
             return
-        self._queues = queues
+        self._queues = (queues, named)
+        self._orphans = orphans
         self._queue_version += 1
-        self._tree = fairshare.tree(queues)
+        everything = dict(queues)
+        everything.update((name, orphan(name)) for name in sorted(orphans))
+        self._tree = fairshare.tree(everything)
         self._chains = {name: self._tree.ancestors(name) for name in self._tree.depth_first()}
         self._shares_key = None
         self._roster.never.clear()
@@ -125,3 +134,17 @@ class Engine:
             self._offered = offered
             self._shares = fairshare.divide(queue_tree=tree, requested=dict(requested), capacity=offered)
         return self._shares
+
+
+NOTHING = model.QueueResource(quota=0, limit=model.UNLIMITED, over_quota_weight=0)
+"""An orphan's settings: nothing deserved, no share of the spare, no limit."""
+
+
+def orphan(name: model.QueueName) -> model.Queue:
+    """The stand-in for a queue that groups name but that does not exist (deleted, or never created).
+
+    KAI keeps such pods running; so do we, counting them as a leaf under the root with nothing deserved: every pod
+    they hold is over their fair share of zero, so any queue within its own may reclaim from them, and they count
+    against no limit. New groups of the queue are not placed (``QueueDoesNotExist``).
+    """
+    return model.Queue(name=name, priority=0, gpu=NOTHING, cpu=NOTHING, memory=NOTHING)

@@ -1,15 +1,20 @@
 """The room-making actions: reclaim, preempt, consolidate, and stale-gang eviction.
 
-Reclaim, preempt and consolidate each choose which running units may go for a pending group whose minimum did not
-fit, and hand them to ``roommaking.make_room``, which evicts as few of them as it can:
+Reclaim, preempt and consolidate each choose which running units may go for a pending group whose minimum (or an
+elastic pod beyond it) did not fit, and hand them to ``roommaking.make_room``, which accumulates victims per node
+until a pod fits, moves the victims that fit elsewhere and evicts as few as it can:
 
-- **reclaim**: the group's queue stays within its fair share with the minimum added; victims are preemptible units
-  of other queues whose side of the tree (the child of the lowest common ancestor) holds more than its fair share;
-  one reclaim never evicts more than ``reclaim_eviction_multiple`` times the GPU (or CPU) it frees for the group.
+- **reclaim**: KAI's two strategies over every resource the reclaimer asks for, and its saturation rule between
+  departments (``reclaimable``); victims are preemptible units of other queues. Optionally one reclaim never evicts
+  more than ``reclaim_eviction_multiple`` times the GPU (or CPU) it frees for the group (off by default, as in KAI).
 - **preempt**: inside the same leaf queue, preemptible units of strictly lower priority.
-- **consolidate**: preemptible units of any queue, each of whose pods must be placed again elsewhere in the same
-  plan; otherwise nothing is moved.
-- **stale gangs**: a running gang below its minimum for longer than the grace period is evicted whole.
+- **consolidate**: for a preemptible group, preemptible units of any queue, each of whose pods must be placed again
+  elsewhere in the same plan; otherwise nothing is moved (KAI consolidates for preemptible jobs only).
+- **stale gangs**: a running gang below its minimum, or with a subgroup below its own, for longer than the grace
+  period (the group's own, else the configured one; negative: never) is evicted whole.
+
+A group within its preemption delay (``Group.evictions_from_ns``) evicts no one: the cycle does not ask these
+actions for it.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from common.resources import Resources
-from scheduler.placement import decisions, fairshare, model, plan, roommaking, status, victims
+from scheduler.placement import decisions, gangs, model, plan, reclaimable, roommaking, status, victims
 
 
 def _everyone(scene: roommaking.Scene) -> list[victims.Unit]:
@@ -25,134 +30,135 @@ def _everyone(scene: roommaking.Scene) -> list[victims.Unit]:
     return scene.candidates("all", lambda: [group for leaf in sorted(scene.running) for group in scene.running[leaf]])
 
 
-def reclaim(scene: roommaking.Scene, group: model.Group, minimum: Sequence[model.Pod], amounts: Resources) -> bool:
-    """Take back room from queues over their fair share for a group whose queue stays within its own.
+def reclaim(scene: roommaking.Scene, group: model.Group, pods: Sequence[model.Pod], amounts: Resources) -> str | None:
+    """Take back room from other queues for ``pods`` (a minimum or an elastic pod); see ``reclaimable``.
 
-    Shares are compared where the two sides meet: below the lowest common ancestor of the reclaimer's queue and the
-    victim's, the reclaimer's side must stay within its fair share with the minimum added, at every level, and the
-    victim's side must hold more than its fair share.
+    Returns None when room was made, else why not (in numbers, for the group's status).
     """
     tree = scene.tree
-    mine = tree.ancestors(group.queue)
-    queues = scene.snapshot.queues
-    usage = scene.draft.usage
-    config = scene.snapshot.config
-    order = scene.order
-    wants_gpu = amounts.milli_gpu > 0
-    # What decides who holds more than their share, and what the eviction budget counts: GPU, or CPU for CPU work.
-    resource = fairshare.Kind.GPU if wants_gpu else fairshare.Kind.CPU
-
-    def within_fair_share(names: Sequence[model.QueueName]) -> bool:
-        for name in names:
-            held = usage.allocated[name]
-            fair = order.fair(name)
-            for kind in fairshare.KINDS:
-                want = fairshare.amount(amounts, kind)
-                if want > 0 and fairshare.amount(held, kind) + want > fairshare.amount(fair, kind):
-                    return False
-        return True
-
-    if not within_fair_share(mine[:1]):
-        return False
-
-    def over_share(leaf: model.QueueName) -> bool:
-        theirs = tree.ancestors(leaf)
-        meet = next((index for index, name in enumerate(theirs) if name in mine), len(theirs))
-        side = theirs[meet - 1]
-        return fairshare.amount(usage.allocated[side], resource) > fairshare.amount(order.fair(side), resource)
-
-    # Only queues whose side holds more than its fair share can give anything back: look at no other.
-    givers = {leaf for leaf in scene.running if leaf not in mine and over_share(leaf)}
+    rules = reclaimable.Reclaimer(tree=tree, shares=scene.shares, usage=scene.draft.usage, group=group, amounts=amounts)
+    if not rules.may_reclaim():
+        return rules.refusal
+    givers = rules.givers([leaf for leaf in scene.running if leaf != group.queue])
     if not givers:
-        return False
-    candidates = (unit for unit in _everyone(scene) if unit.group.queue in givers)
+        return rules.refusal
+    queues = tree.queues
 
     def eligible(unit: victims.Unit) -> bool:
         queue = queues.get(unit.group.queue)
         if queue is None or not scene.old_enough(unit, queue.reclaim_min_runtime_ns):
             return False
-        theirs = tree.ancestors(unit.group.queue)
-        meet = next((index for index, name in enumerate(theirs) if name in mine), len(theirs))
-        side = theirs[meet - 1]
-        below = mine[: mine.index(theirs[meet])] if meet < len(theirs) else mine
-        if not within_fair_share(below):
-            return False
-        return fairshare.amount(usage.allocated[side], resource) > fairshare.amount(order.fair(side), resource)
+        return rules.eligible(unit)
 
-    budget = config.reclaim_eviction_multiple * fairshare.amount(amounts, resource) if wants_gpu else None
-    return roommaking.make_room(
+    multiple = scene.snapshot.config.reclaim_eviction_multiple
+    budget: int | None = None
+    if multiple > 0 and amounts.milli_gpu > 0:
+        budget = multiple * amounts.milli_gpu
+    done = roommaking.make_room(
         scene,
         group=group,
-        minimum=minimum,
-        candidates=candidates,
+        minimum=pods,
+        candidates=(unit for unit in _everyone(scene) if unit.group.queue in givers),
         reason=decisions.EvictionReason.RECLAIM,
         eligible=eligible,
         budget=budget,
+        validate=rules.validate,
     )
+    if done:
+        return None
+    return rules.refusal or "evicting every victim the queues allow would not make room for it"
 
 
-def preempt(scene: roommaking.Scene, group: model.Group, minimum: Sequence[model.Pod]) -> bool:
-    """Evict strictly lower-priority preemptible work of the same queue."""
-    queue = scene.snapshot.queues.get(group.queue)
+def preempt(scene: roommaking.Scene, group: model.Group, pods: Sequence[model.Pod]) -> str | None:
+    """Evict strictly lower-priority preemptible work of the same queue; None when room was made."""
+    queue = scene.tree.queues.get(group.queue)
     if queue is None:
-        return False
+        return "its queue does not exist"
     same_queue = scene.candidates(("queue", group.queue), lambda: list(scene.running.get(group.queue, ())))
     candidates = (unit for unit in same_queue if unit.group.priority < group.priority)
-    return roommaking.make_room(
+    done = roommaking.make_room(
         scene,
         group=group,
-        minimum=minimum,
+        minimum=pods,
         candidates=candidates,
         reason=decisions.EvictionReason.PREEMPT,
         eligible=lambda unit: scene.old_enough(unit, queue.preempt_min_runtime_ns),
     )
+    return None if done else f"no lower-priority work of queue {group.queue} would make room"
 
 
-def consolidate(scene: roommaking.Scene, group: model.Group, minimum: Sequence[model.Pod]) -> bool:
+def consolidate(scene: roommaking.Scene, group: model.Group, pods: Sequence[model.Pod]) -> str | None:
     """Move preemptible pods elsewhere so the group fits; only if every moved pod finds a new place."""
-    candidates = _everyone(scene)
-    queues = scene.snapshot.queues
+    if not group.preemptible:
+        return "only preemptible groups consolidate"
+    queues = scene.tree.queues
 
     def eligible(unit: victims.Unit) -> bool:
         queue = queues.get(unit.group.queue)
         return queue is not None and scene.old_enough(unit, queue.preempt_min_runtime_ns)
 
-    return roommaking.make_room(
+    done = roommaking.make_room(
         scene,
         group=group,
-        minimum=minimum,
-        candidates=candidates,
+        minimum=pods,
+        candidates=_everyone(scene),
         reason=decisions.EvictionReason.CONSOLIDATE,
         eligible=eligible,
         moves=True,
     )
+    return None if done else "moving pods elsewhere would not make room"
+
+
+def move_leftovers(scene: roommaking.Scene) -> None:
+    """At the end of a cycle, move every pod evicted to make room that fits somewhere after all.
+
+    Later evictions may have freed room an earlier victim fits in; moving it then costs nobody anything. A gang
+    evicted whole moves whole or not at all; an elastic pod moves on its own.
+    """
+    draft = scene.draft
+    making_room = (
+        decisions.EvictionReason.RECLAIM,
+        decisions.EvictionReason.PREEMPT,
+        decisions.EvictionReason.CONSOLIDATE,
+    )
+    waiting: dict[model.GroupId, list[model.PodUid]] = {}
+    for eviction in draft.evictions:
+        if eviction.reason in making_room and eviction.pod not in draft.placed:
+            waiting.setdefault(eviction.group, []).append(eviction.pod)
+    if not waiting:
+        return
+    groups = {group.id: group for leaf in scene.running.values() for group in leaf}
+    for group_id in sorted(waiting):
+        group = groups.get(group_id)
+        if group is None:
+            continue
+        members = {pod.uid: pod for pod in group.members}
+        pods = [members[uid] for uid in waiting[group_id] if uid in members]
+        if gangs.below_minimum(group, draft.evicted):
+            roommaking.move(scene, group, pods)
+        else:
+            for pod in pods:
+                roommaking.move(scene, group, (pod,))
 
 
 def stale_gangs(scene: roommaking.Scene, candidates: Sequence[model.Group]) -> None:
-    """Evict whole every running gang that has been below its minimum for longer than the grace period."""
+    """Evict whole every running gang that has been below its minimum (or with a subgroup below its own) for longer
+    than the grace period."""
     now = scene.snapshot.now_ns
-    grace = scene.snapshot.config.stale_gang_grace_ns
     for group in candidates:
         since = group.below_min_since_ns
-        if since is None:
-            continue
+        grace = scene.snapshot.config.stale_gang_grace_ns if group.stale_grace_ns is None else group.stale_grace_ns
+        if since is None or grace < 0:
+            continue  # a negative grace (KAI's per-group stalenessGracePeriod) means never
         if now - since < grace:
             scene.clock_matters = True
             continue
-        satisfied = sum(
-            1
-            for pod in group.members
-            if pod.phase is model.PodPhase.SUCCEEDED
-            or (pod.phase is model.PodPhase.RUNNING and pod.uid not in scene.draft.evicted)
-        )
-        if satisfied >= group.min_member:
+        short = gangs.below_minimum(group, scene.draft.evicted)
+        if short is None:
             continue
         scene.clock_matters = True  # the message counts the seconds
         seconds = (now - since) // 1_000_000_000
-        message = (
-            f"gang {group.id} has had {satisfied} of its {group.min_member} members for {seconds}s "
-            f"(grace {grace // 1_000_000_000}s)"
-        )
+        message = f"gang {group.id} has had {short} for {seconds}s (grace {grace // 1_000_000_000}s)"
         for pod in sorted(group.members, key=lambda pod: pod.uid):
             if pod.phase is model.PodPhase.RUNNING and pod.uid not in scene.draft.evicted:
                 scene.draft.evict(
@@ -162,10 +168,15 @@ def stale_gangs(scene: roommaking.Scene, candidates: Sequence[model.Group]) -> N
 
 def waiting_status(reason: decisions.EvictionReason, group: model.Group, draft: plan.Draft) -> status.Status:
     """The status of a group that evictions were issued for."""
-    count = sum(1 for eviction in draft.evictions if eviction.beneficiary == group.id)
+    mine = [eviction for eviction in draft.evictions if eviction.beneficiary == group.id]
+    moved = sum(1 for eviction in mine if eviction.pod in draft.placed)
     code = {
         decisions.EvictionReason.RECLAIM: status.Reason.WAITING_FOR_RECLAIM,
         decisions.EvictionReason.PREEMPT: status.Reason.WAITING_FOR_PREEMPTION,
         decisions.EvictionReason.CONSOLIDATE: status.Reason.WAITING_FOR_CONSOLIDATION,
     }[reason]
-    return status.waiting(code, f"{count} pod(s) are being evicted to make room ({reason.value}); placed once they go")
+    moving = f" ({moved} of them move elsewhere)" if moved else ""
+    return status.waiting(
+        code,
+        f"{len(mine)} pod(s) are being evicted to make room ({reason.value}){moving}; placed once they go",
+    )

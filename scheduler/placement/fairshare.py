@@ -93,6 +93,8 @@ class Tree:
     queues: Mapping[model.QueueName, model.Queue]
     roots: tuple[model.QueueName, ...]
     children: Mapping[model.QueueName, tuple[model.QueueName, ...]]
+    parents: Mapping[model.QueueName, model.QueueName] = dataclasses.field(default_factory=dict)
+    """Each child's parent (``tree`` fills it; computed from ``children`` when left empty)."""
 
     def is_leaf(self, name: model.QueueName) -> bool:
         return not self.children.get(name)
@@ -107,6 +109,8 @@ class Tree:
 
     @property
     def parent_of(self) -> Mapping[model.QueueName, model.QueueName]:
+        if self.parents or not self.children:
+            return self.parents
         return {child: parent for parent, kids in self.children.items() for child in kids}
 
     def depth_first(self) -> tuple[model.QueueName, ...]:
@@ -151,6 +155,7 @@ def tree(queues: Mapping[model.QueueName, model.Queue]) -> Tree:
         queues=queues,
         roots=tuple(sorted(roots, key=order.__getitem__)),
         children={name: tuple(sorted(group, key=order.__getitem__)) for name, group in sorted(kids.items())},
+        parents=parent,
     )
 
 

@@ -62,6 +62,20 @@ def needs(group: model.Group, evicted: Container[model.PodUid] = ()) -> Needs:
     return Needs(minimum=minimum, extras=tuple(rest[want:]), missing=missing)
 
 
+def below_minimum(group: model.Group, evicted: Container[model.PodUid] = ()) -> str | None:
+    """How a group's running and completed members fall short of its minimum, or of a subgroup's own minimum (KAI
+    checks every pod set), as a phrase for messages; None when every minimum holds. Pods in ``evicted`` count as
+    gone."""
+    satisfied = sum(1 for pod in group.members if _satisfied(pod, evicted))
+    if satisfied < group.min_member:
+        return f"{satisfied} of its {group.min_member} members"
+    for subgroup in sorted(group.subgroups, key=lambda sub: sub.name):
+        have = sum(1 for pod in group.members if pod.subgroup == subgroup.name and _satisfied(pod, evicted))
+        if have < subgroup.min_member:
+            return f"{have} of the {subgroup.min_member} members subgroup {subgroup.name} needs"
+    return None
+
+
 def pending_gpu(pod: model.Pod, reference_memory_bytes: int) -> int:
     """The milli-GPU a pending pod will take, as queues count it; a gpu-memory share is judged on the largest
     device of the cluster (the least it can take), since its device is not known before placement."""
@@ -208,3 +222,34 @@ def try_place(
             return Failure(pod=pod, placed=count, of=len(pods))
         draft.place(pod, group, choice, kind=kind)
     return None
+
+
+def place_within_limits(
+    *,
+    draft: plan.Draft,
+    searcher: search.Searcher,
+    group: model.Group,
+    pods: Sequence[model.Pod],
+    pod_shapes: Mapping[model.PodUid, shapes.Shape],
+    amounts: Resources,
+    chain: Sequence[model.QueueName],
+    queues: Mapping[model.QueueName, model.Queue],
+) -> Failure | status.Status | None:
+    """Place ``pods`` as one transaction (``try_place``); a gpu-memory share is checked against the limits once its
+    device, and so its real share, is known (``amounts``, checked before, estimated it on the largest device)."""
+    start = draft.checkpoint()
+    failure = try_place(draft=draft, searcher=searcher, group=group, pods=pods, pod_shapes=pod_shapes)
+    if failure is not None or not any(pod.share is not None and pod.share.memory_bytes for pod in pods):
+        return failure
+    actual = sum(
+        sum(placement.share_milli) or len(placement.devices) * model.MILLI_GPU_PER_DEVICE
+        for placement in draft.placements[start.placements :]
+    )
+    if actual <= amounts.milli_gpu:
+        return None
+    draft.rollback(start)
+    real = dataclasses.replace(amounts, milli_gpu=actual)
+    checked = queue_check(group=group, amounts=real, chain=chain, queues=queues, usage=draft.usage)
+    if checked is not None:
+        return checked
+    return try_place(draft=draft, searcher=searcher, group=group, pods=pods, pod_shapes=pod_shapes)

@@ -240,8 +240,11 @@ class Group:
 
     Members beyond the minimum are elastic extras, placed after every gang's minimum and evicted first. Members are
     ordered by the builder (the engine sorts pending ones by creation time then uid). ``below_min_since_ns`` is when a
-    running gang fell below its minimum (completed members counting as satisfied), or None; after the stale-gang
-    grace the whole gang is evicted.
+    running gang fell below its minimum or a subgroup below its own (completed members counting as satisfied:
+    ``gangs.below_minimum`` says so), or None; after the stale-gang grace the whole gang is evicted.
+    ``stale_grace_ns`` is the group's own grace (KAI's ``stalenessGracePeriod``; negative: never evicted as stale),
+    None for ``Config.stale_gang_grace_ns``. ``evictions_from_ns``: before this time the group may take free room
+    only, never evict others (KAI's ``preemptionDelay``, counted from its creation or last eviction); None: at once.
     """
 
     id: GroupId
@@ -253,6 +256,8 @@ class Group:
     created_ns: int = 0
     members: tuple[Pod, ...] = ()
     below_min_since_ns: int | None = None
+    stale_grace_ns: int | None = None
+    evictions_from_ns: int | None = None
 
 
 # --- Queues ------------------------------------------------------------------------------------------------------
@@ -316,8 +321,10 @@ class Config:
     ``gpu_strategy`` orders nodes for GPU pods, ``cpu_strategy`` for CPU-only pods, ``device_strategy`` orders the
     devices of a node for shares. ``scorer`` replaces the built-in node scorers for every pod (the simulator
     plugs in its baselines this way). ``headroom_margin_bytes`` is kept free on top of the measured peak.
-    ``reclaim_eviction_multiple``: one reclaim never evicts more GPU (or, for CPU-only work, CPU) than this multiple
-    of what the reclaimer gets from it. ``stale_gang_grace_ns``: KAI's 60 s.
+    ``reclaim_eviction_multiple``: when positive, one reclaim for GPU work never evicts more GPU than this multiple
+    of what the reclaimer gets from it (a protective budget); 0, the default as in KAI, sets no budget, so a queue
+    below its deserved quota gets it even when the only victim is a 3-GPU job for 1 GPU. ``stale_gang_grace_ns``:
+    KAI's 60 s.
     """
 
     gpu_strategy: Strategy = Strategy.BINPACK
@@ -325,7 +332,7 @@ class Config:
     device_strategy: Strategy = Strategy.BINPACK
     scorer: scoring.GpuPlacementScorer | None = None
     headroom_margin_bytes: int = 256 * 1024**2
-    reclaim_eviction_multiple: int = 2
+    reclaim_eviction_multiple: int = 0
     stale_gang_grace_ns: int = 60_000_000_000
     actions: tuple[Action, ...] = DEFAULT_ACTIONS
 

@@ -32,6 +32,9 @@ class Plan:
     nominations: tuple[decisions.Placement, ...] = ()
     """Where the room made by this plan's evictions is meant to go: the binder records each as the pod's
     nominated node, and the next cycles place those groups first."""
+    moves: tuple[decisions.Placement, ...] = ()
+    """Where each moved pod (an eviction with ``moved_to``) would be placed again: proof that the move is possible.
+    Nothing binds them; the pod is placed afresh when its owner recreates it."""
 
 
 def pod_amounts(pod: model.Pod) -> Resources:
@@ -221,27 +224,24 @@ class Draft:
         self.evicted[pod.uid] = eviction
         return eviction
 
-    def set_moved_to(self, pod: model.PodUid, node: model.NodeName) -> None:
-        """Record where a consolidated pod would go again (its eviction was appended before it was re-placed)."""
-        for index in range(len(self.evictions) - 1, -1, -1):
-            if self.evictions[index].pod == pod:
-                updated = dataclasses.replace(self.evictions[index], moved_to=node)
-                self.evictions[index] = updated
-                self.evicted[pod] = updated
-                return
-
     def finish(
         self,
         statuses: Mapping[model.GroupId, status.Status],
         queues: Mapping[model.QueueName, fairshare.Share],
     ) -> Plan:
         """The plan as a value; undoes every change on the working state."""
+        moves = self.bound(Kind.MOVE)
+        moved_to = {placement.pod: placement.node for placement in moves}
         plan = Plan(
             placements=tuple(self.bound()),
-            evictions=tuple(self.evictions),
+            evictions=tuple(
+                dataclasses.replace(eviction, moved_to=moved_to[eviction.pod]) if eviction.pod in moved_to else eviction
+                for eviction in self.evictions
+            ),
             statuses=dict(statuses),
             queues=queues,
             nominations=tuple(self.bound(Kind.RESERVE)),
+            moves=tuple(moves),
         )
         self.capacity.rollback(self._start)
         # Undoing every entry would give the same sums; putting the starting ones back is cheaper.

@@ -1,35 +1,46 @@
-"""Making room for a group by evicting: the one procedure reclaim, preemption and consolidation share.
+"""Making room for a group by evicting and moving: the one procedure reclaim, preemption and consolidation share.
 
-A pending group's minimum did not fit; candidate victim units are taken in victim order (``victims``) and evicted
-one after another until the minimum fits; the units that turned out unnecessary are then dropped again (each is
-tried without, in order), so what stays evicted is a small set. Everything happens on the ``Draft`` under one
-checkpoint, so a failed attempt leaves no trace. A successful one keeps the evictions and *reserves* the room for
-the group (``plan.Kind.RESERVE``): no other group takes it for the rest of the cycle, the plan *nominates* the
-group's pods to it (``Plan.nominations``, Kubernetes' ``nominatedNodeName``), and the next cycles place nominated
-groups before any other, so a moved or reclaimed pod coming back cannot take the room again (without this, two
-groups can trade the same room back and forth forever). With ``moves`` (consolidation) every evicted pod must be
-placed again elsewhere in the same plan (``plan.Kind.MOVE``), or nothing is moved.
+A pending group's minimum (or one elastic pod) did not fit. Candidate victim units come in victim order
+(``victims``); each unit an action finds eligible joins the *pool* of every node it runs on where it frees something
+the node is short of for the minimum, and as soon as the pool of a node would give it room for one more pod of the
+minimum (``freeing``), that pool is evicted and the minimum is tried again. So victims are accumulated per node,
+cheapest first, until the minimum fits: two 1-GPU pods make room for a 2-GPU pod, the last shares of a GPU leaving
+make the GPU whole again, a CPU-only pod is never evicted for GPU room. Where one later candidate alone would give
+the node the same room with fewer pods and no more GPU, it goes instead of the pool (two half-GPU shares are not
+evicted where one 1-GPU pod will do). Once the minimum fits, the units that turned out unnecessary are dropped again
+(each is tried without, in order), so what stays evicted is a small set. Everything happens on the ``Draft`` under
+one checkpoint, so a failed attempt leaves no trace.
 
-The search is bounded: victim units are sorted once per cycle (``Scene.candidates``), a unit is only evicted when it
-would let a pod of the minimum fit on its node, at most ``_MAX_SCANNED`` candidates are looked at per group, and an
-attempt that failed is not repeated for a group of the same shapes (and, for reclaim and preemption, the same queue
-and priority) until some eviction changed the picture. Which units are candidates, and which of them are eligible,
-is each action's business (``evictions``).
+A successful attempt keeps the evictions and *reserves* the room for the group (``plan.Kind.RESERVE``, KAI's
+pipelining): no other group takes it for the rest of the cycle, the plan *nominates* the group's pods to it
+(``Plan.nominations``, Kubernetes' ``nominatedNodeName``), and the next cycles place nominated groups before any
+other, once the victims are gone; if they do not go, the group simply does not fit and the cycle decides afresh.
+
+Victims that fit elsewhere are *moved*, not evicted (KAI's consolidating reclaim): each evicted unit is placed again
+(``plan.Kind.MOVE``) where the room left allows, all its pods or none, and a moved pod keeps counting for its queue.
+Consolidation (``moves``) requires every victim to move, or nothing happens; reclaim and preemption move what they
+can and evict the rest, so one plan may both move and evict. ``validate`` (reclaim's queue rules) judges the whole
+scenario once the minimum and the moves are in place.
+
+The search is bounded: victim units are sorted once per cycle (``Scene.candidates``), at most ``_MAX_SCANNED``
+candidates are looked at per group, and an attempt that failed is not repeated for a group of the same shapes (and,
+for reclaim and preemption, the same queue and priority) until some eviction changed the picture. Which units are
+candidates, and which of them are eligible, is each action's business (``evictions``).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from scheduler.placement import (
     decisions,
-    devices,
     fairshare,
+    freeing,
     gangs,
     model,
-    nodework,
     ordering,
     plan,
     search,
@@ -56,6 +67,7 @@ class Scene:
     pod_shapes: Mapping[model.PodUid, shapes.Shape]
     order: ordering.QueueOrder
     tree: fairshare.Tree
+    shares: Mapping[model.QueueName, fairshare.Share]
     running: Mapping[model.QueueName, Sequence[model.Group]]
     """Groups with running members, per leaf queue, in id order."""
     clock_matters: bool = False
@@ -93,58 +105,8 @@ class Scene:
         self.clock_matters = True
         return False
 
-
-def _useful(scene: Scene, minimum: Sequence[model.Pod]) -> Callable[[victims.Unit], bool]:
-    """A unit is worth evicting when, on one of its nodes that the minimum may use, the room it leaves behind
-    (with what is free there already) would hold at least one pod of the minimum."""
-    searcher = scene.searcher
-    cap = searcher.capacity
-    wanted = list(dict.fromkeys(scene.pod_shapes[pod.uid] for pod in minimum))
-    eligible = [frozenset(searcher.eligible(shape.constraints)) for shape in wanted]
-    wants_gpu = any(shape.wants_gpu for shape in wanted)
-
-    def check(unit: victims.Unit) -> bool:
-        if wants_gpu and unit.amounts.milli_gpu == 0:
-            return False
-        freed: dict[model.NodeName, list[model.Pod]] = {}
-        for pod in unit.pods:
-            if pod.node is not None and pod.uid not in scene.draft.evicted:
-                freed.setdefault(pod.node, []).append(pod)
-        for name, pods in freed.items():
-            work = cap.by_name.get(name)
-            if work is None:
-                continue
-            for shape, classes in zip(wanted, eligible, strict=True):
-                if work.cls in classes and _would_fit(work, pods, shape):
-                    return True
-        return False
-
-    return check
-
-
-def _would_fit(work: nodework.NodeWork, leaving: Sequence[model.Pod], shape: shapes.Shape) -> bool:
-    """Would a pod of ``shape`` fit on the node once ``leaving`` are gone (by requests; a quick upper bound)?"""
-    cpu = work.free_cpu + sum(pod.requests.milli_cpu for pod in leaving)
-    memory = work.free_mem + sum(pod.requests.memory_bytes for pod in leaving)
-    slots = work.free_pods + len(leaving)
-    if cpu < shape.milli_cpu or memory < shape.memory_bytes or slots < shape.pods:
-        return False
-    room = list(work.dev_free)
-    whole = list(work.dev_whole)
-    for pod in leaving:
-        for device in pod.devices:
-            if device >= len(room):
-                continue
-            if pod.share is None:
-                room[device], whole[device] = devices.FULL, True
-            else:
-                room[device] = min(devices.FULL, room[device] + pod.allotted_milli_gpu)
-    if shape.whole_gpus:
-        return sum(whole) >= shape.whole_gpus
-    if shape.share is not None:
-        per_device = work.share_on_each(shape.share)
-        return sum(1 for device, free in enumerate(room) if free >= per_device[device]) >= shape.share.devices
-    return True
+    def shape(self, pod: model.Pod) -> shapes.Shape:
+        return self.pod_shapes.get(pod.uid) or shapes.shape_of(pod)
 
 
 def _evict_unit(scene: Scene, unit: victims.Unit, *, reason: decisions.EvictionReason, beneficiary: model.Group) -> int:
@@ -159,6 +121,31 @@ def _evict_unit(scene: Scene, unit: victims.Unit, *, reason: decisions.EvictionR
     return freed
 
 
+def move(scene: Scene, group: model.Group, pods: Sequence[model.Pod]) -> bool:
+    """Place evicted ``pods`` of ``group`` again where room is left, all or none (``plan.Kind.MOVE``)."""
+    draft = scene.draft
+    mark = draft.checkpoint()
+    for pod in pods:
+        if pod.uid in draft.placed:
+            continue
+        choice = scene.searcher.find(scene.shape(pod))
+        if choice is None:
+            draft.rollback(mark)
+            return False
+        draft.place(pod, group, choice, kind=plan.Kind.MOVE)
+    return True
+
+
+def _move_victims(scene: Scene, chosen: Sequence[victims.Unit], *, required: bool) -> bool:
+    """Move every chosen unit that fits elsewhere; with ``required``, False unless every one does."""
+    evicted = scene.draft.evicted
+    for unit in chosen:
+        pods = [pod for pod in unit.pods if pod.uid in evicted]
+        if not move(scene, unit.group, pods) and required:
+            return False
+    return True
+
+
 def make_room(
     scene: Scene,
     *,
@@ -169,94 +156,193 @@ def make_room(
     eligible: Callable[[victims.Unit], bool],
     budget: int | None = None,
     moves: bool = False,
+    validate: Callable[[], bool] | None = None,
 ) -> bool:
-    """Evict units from ``candidates`` (in victim order) until ``minimum`` fits; see the module docstring.
+    """Evict (and move) units from ``candidates`` (in victim order) until ``minimum`` fits; see the module docstring.
 
-    ``eligible`` is asked again before each eviction (earlier evictions change queues' standing). ``budget`` caps
-    the GPU (milli) evicted. With ``moves`` every evicted pod must be placed again.
+    ``eligible`` is asked when a unit joins a pool and again before it is evicted (earlier evictions change queues'
+    standing). ``budget`` caps the GPU (milli) evicted. With ``moves`` every evicted pod must be placed again.
+    ``validate`` judges the draft once the minimum is placed.
     """
-    draft = scene.draft
-    start = draft.checkpoint()
-    useful = _useful(scene, minimum)
-    limit = _MAX_MOVES if moves else _MAX_UNITS
     wanted = frozenset(collections.Counter(scene.pod_shapes[pod.uid] for pod in minimum).items())
     # Consolidation does not depend on the group's queue; reclaim and preemption do (standing, priority).
     memo = (reason, wanted) if moves else (reason, group.queue, group.priority, wanted)
     if scene.failed_before(memo):
         return False
+    search = _Search(
+        scene,
+        group=group,
+        minimum=minimum,
+        candidates=list(itertools.islice(candidates, _MAX_SCANNED)),
+        reason=reason,
+        eligible=eligible,
+        budget=budget,
+        moves=moves,
+        validate=validate,
+    )
+    if search.run():
+        return True
+    scene.note_failure(memo)
+    return False
 
-    def attempt(chosen: Sequence[victims.Unit]) -> bool:
-        draft.rollback(start)
-        for unit in chosen:
-            _evict_unit(scene, unit, reason=reason, beneficiary=group)
+
+class _Search:
+    """One attempt of ``make_room``: pools per node, evictions, then the units not needed dropped again."""
+
+    def __init__(
+        self,
+        scene: Scene,
+        *,
+        group: model.Group,
+        minimum: Sequence[model.Pod],
+        candidates: list[victims.Unit],
+        reason: decisions.EvictionReason,
+        eligible: Callable[[victims.Unit], bool],
+        budget: int | None,
+        moves: bool,
+        validate: Callable[[], bool] | None,
+    ) -> None:
+        self.scene = scene
+        self.draft = scene.draft
+        self.group = group
+        self.minimum = minimum
+        self.candidates = candidates
+        self.reason = reason
+        self.eligible = eligible
+        self.budget = budget
+        self.moves = moves
+        self.validate = validate
+        self.room = freeing.Room(scene.searcher, [scene.pod_shapes[pod.uid] for pod in minimum])
+        self.start = scene.draft.checkpoint()
+        self.pools: dict[model.NodeName, list[victims.Unit]] = {}
+        self.pooled_gpu: dict[model.NodeName, int] = {}
+        self.chosen: list[victims.Unit] = []
+        self.freed = 0
+
+    def run(self) -> bool:
+        if not self._scan():
+            self.draft.rollback(self.start)
+            return False
+        # Drop the units that were not needed after all, in the order they were chosen.
+        needed = list(self.chosen)
+        last_ok = True
+        for unit in self.chosen:
+            trial = [other for other in needed if other is not unit]
+            if trial and self._attempt(trial):
+                needed = trial
+                last_ok = True
+            else:
+                last_ok = False
+        if not last_ok and not self._attempt(needed):
+            self.draft.rollback(self.start)
+            return False
+        return True
+
+    def _live(self, unit: victims.Unit) -> tuple[model.Pod, ...]:
+        return victims.live_pods(unit, self.draft.evicted)
+
+    def _takeable(self, unit: victims.Unit) -> bool:
+        return unit.group.id != self.group.id and victims.can_take(unit, self.draft.evicted) and bool(self._live(unit))
+
+    def _scan(self) -> bool:
+        """Pool the candidates per node and evict a pool as soon as its node gains room; True once the minimum
+        fits (with the draft holding the evictions, moves and reservation)."""
+        limit = _MAX_MOVES if self.moves else _MAX_UNITS
+        for index, unit in enumerate(self.candidates):
+            if len(self.chosen) >= limit:
+                return False
+            if not self._takeable(unit):
+                continue
+            ready = self._pool(unit)
+            if ready is None:
+                continue
+            batch = self.pools.pop(ready)
+            self.pooled_gpu.pop(ready)
+            single = self._single(ready, batch, index)
+            if single is not None:
+                self.pools[ready] = batch  # kept for later: the node's room came from one unit alone
+                self.pooled_gpu[ready] = sum(plan.held_milli_gpu(pod) for unit in batch for pod in self._live(unit))
+                batch = [single]
+            for other in self.pools.values():
+                other[:] = [member for member in other if member not in batch]
+            if not self._evict(batch, newest=unit):
+                continue
+            probe = self.draft.checkpoint()
+            if self._settle(self.chosen):
+                return True
+            self.draft.rollback(probe)
+        return False
+
+    def _pool(self, unit: victims.Unit) -> model.NodeName | None:
+        """Add ``unit`` to the pool of each node it helps; the first node that gains room from its pool, if any."""
+        live = self._live(unit)
+        gpu = sum(plan.held_milli_gpu(pod) for pod in live)
+        nodes = self.room.nodes_of(live)
+        if self.budget is not None:
+            nodes = [name for name in nodes if self.freed + self.pooled_gpu.get(name, 0) + gpu <= self.budget]
+        if not nodes or not self.eligible(unit):
+            return None
+        ready: model.NodeName | None = None
+        for name in nodes:
+            pool = self.pools.setdefault(name, [])
+            pooled = [pod for member in pool for pod in self._live(member)]
+            if not self.room.helps(name, pooled, live):
+                continue  # frees nothing this node lacks (a CPU-only pod for a GPU pod, say)
+            pool.append(unit)
+            self.pooled_gpu[name] = self.pooled_gpu.get(name, 0) + gpu
+            if ready is None and self.room.gains(name, [*pooled, *live]):
+                ready = name
+        return ready
+
+    def _single(self, node: model.NodeName, batch: list[victims.Unit], index: int) -> victims.Unit | None:
+        """A later candidate that alone gives ``node`` the room ``batch`` would, disturbing fewer pods and no more
+        GPU (KAI's "no need to preempt both"); None when there is none."""
+        pods = sum(len(self._live(unit)) for unit in batch)
+        if pods <= 1:
+            return None
+        gpu = sum(plan.held_milli_gpu(pod) for unit in batch for pod in self._live(unit))
+        top = max(unit.group.priority for unit in batch)
+        for later in self.candidates[index + 1 :]:
+            if later.group.priority > top:
+                return None  # candidates come lowest priority first
+            live = self._live(later)
+            if (
+                len(live) < pods
+                and self._takeable(later)
+                and sum(plan.held_milli_gpu(pod) for pod in live) <= gpu
+                and node in self.room.nodes_of(live)
+                and self.room.gains(node, live)
+                and self.eligible(later)
+            ):
+                return later
+        return None
+
+    def _evict(self, batch: Sequence[victims.Unit], *, newest: victims.Unit) -> bool:
+        """Evict the units of ``batch`` still takeable (standings and gangs' spare pods change with each eviction:
+        ask again); True when one was."""
+        evicted_any = False
+        for member in batch:
+            if not self._takeable(member) or (member is not newest and not self.eligible(member)):
+                continue
+            self.freed += _evict_unit(self.scene, member, reason=self.reason, beneficiary=self.group)
+            self.chosen.append(member)
+            evicted_any = True
+        return evicted_any
+
+    def _settle(self, chosen: Sequence[victims.Unit]) -> bool:
         if gangs.try_place(
-            draft=draft,
-            searcher=scene.searcher,
-            group=group,
-            pods=minimum,
-            pod_shapes=scene.pod_shapes,
+            draft=self.draft,
+            searcher=self.scene.searcher,
+            group=self.group,
+            pods=self.minimum,
+            pod_shapes=self.scene.pod_shapes,
             kind=plan.Kind.RESERVE,
         ):
             return False
-        return not moves or _replace_moved(scene, chosen)
+        return _move_victims(self.scene, chosen, required=self.moves) and (self.validate is None or self.validate())
 
-    chosen: list[victims.Unit] = []
-    freed = 0
-    fitted = False
-    for scanned, unit in enumerate(candidates):
-        if len(chosen) >= limit or scanned >= _MAX_SCANNED:
-            break
-        if unit.group.id == group.id or all(pod.uid in draft.evicted for pod in unit.pods):
-            continue
-        if budget is not None and freed + unit.amounts.milli_gpu > budget:
-            continue
-        if not eligible(unit) or not useful(unit):
-            continue
-        freed += _evict_unit(scene, unit, reason=reason, beneficiary=group)
-        chosen.append(unit)
-        probe = draft.checkpoint()
-        if gangs.try_place(
-            draft=draft,
-            searcher=scene.searcher,
-            group=group,
-            pods=minimum,
-            pod_shapes=scene.pod_shapes,
-            kind=plan.Kind.RESERVE,
-        ) is None and (not moves or _replace_moved(scene, chosen)):
-            fitted = True
-            break
-        draft.rollback(probe)
-    if not fitted:
-        draft.rollback(start)
-        scene.note_failure(memo)
-        return False
-    # Drop the units that were not needed after all, in the order they were chosen.
-    needed = list(chosen)
-    last_ok = True
-    for unit in chosen:
-        trial = [other for other in needed if other is not unit]
-        if attempt(trial):
-            needed = trial
-            last_ok = True
-        else:
-            last_ok = False
-    if not last_ok and not attempt(needed):
-        draft.rollback(start)
-        return False
-    return True
-
-
-def _replace_moved(scene: Scene, chosen: Sequence[victims.Unit]) -> bool:
-    """Place every pod of the moved units again (``Kind.MOVE``); False when one finds no room."""
-    draft = scene.draft
-    for unit in chosen:
-        for pod in unit.pods:
-            if pod.uid not in draft.evicted or pod.uid in draft.placed:
-                continue
-            shape = scene.pod_shapes.get(pod.uid) or shapes.shape_of(pod)
-            choice = scene.searcher.find(shape)
-            if choice is None:
-                return False
-            draft.place(pod, unit.group, choice, kind=plan.Kind.MOVE)
-            draft.set_moved_to(pod.uid, choice.work.name)
-    return True
+    def _attempt(self, chosen: Sequence[victims.Unit]) -> bool:
+        self.draft.rollback(self.start)
+        for unit in chosen:
+            _evict_unit(self.scene, unit, reason=self.reason, beneficiary=self.group)
+        return self._settle(chosen)

@@ -123,6 +123,8 @@ class Roster:
         """Bumped whenever a group came, went or changed."""
         self.never: dict[model.GroupId, NeverFits] = {}
         """Groups that can never fit; a group's entry goes when the group changes."""
+        self._per_queue: dict[model.QueueName, int] = {}
+        self._queue_names: tuple[int, frozenset[model.QueueName]] = (0, frozenset())
 
     def sync(self, groups: Mapping[model.GroupId, model.Group], *, reference_memory: int) -> None:
         """Bring the roster in step with ``groups``, reading only the groups whose object changed."""
@@ -155,6 +157,7 @@ class Roster:
         self._seen[group.id] = group
         self._contrib[group.id] = contribution
         queue = group.queue
+        self._per_queue[queue] = self._per_queue.get(queue, 0) + 1
         _add(self.requested, queue, contribution.requested, 1)
         _add(self.allocated, queue, contribution.allocated, 1)
         _add(self.nonpreemptible, queue, contribution.nonpreemptible, 1)
@@ -180,6 +183,9 @@ class Roster:
         for pod in group.members:
             self._shapes.pop(pod.uid, None)
         queue = group.queue
+        self._per_queue[queue] -= 1
+        if not self._per_queue[queue]:
+            del self._per_queue[queue]
         _add(self.requested, queue, contribution.requested, -1)
         _add(self.allocated, queue, contribution.allocated, -1)
         _add(self.nonpreemptible, queue, contribution.nonpreemptible, -1)
@@ -197,6 +203,12 @@ class Roster:
             self._sizes[size] -= 1
 
     # --- views a cycle reads --------------------------------------------------------------------------------------
+
+    def queue_names(self) -> frozenset[model.QueueName]:
+        """The queues the groups name (existing or not)."""
+        if self._queue_names[0] != self.version:
+            self._queue_names = (self.version, frozenset(self._per_queue))
+        return self._queue_names[1]
 
     def demanded_shares(self) -> tuple[int, ...]:
         """The share sizes (milli-GPU) pending pods ask for, ascending."""

@@ -6,14 +6,21 @@ shape and caches the answer, since the same value always scores the same. Higher
 whose name sorts first, then to the lowest device indexes, so a plan never depends on hashing. A scorer that wants
 its ties drawn at random instead (the simulator's Random baseline) says so by being ``DrawsTies``.
 
-The built-in strategies, composed from a node-level and a device-level policy:
+The built-in strategies, composed from a node-level and a device-level policy. The node comes first, then the device
+on it, as in KAI (its node order, then its GPU order on the chosen node):
 
-- ``binpack`` (the default): for a share, an already shared device before opening a free one (whole devices stay
-  whole), and among shared devices first one whose remainder after the share is zero or a size the pending workload
-  asks for (so the hole left behind gets filled), then the tightest fit; a new shared device goes to the node with
-  the fewest free whole devices. For whole GPUs, the node left with the fewest free whole devices, so nodes with
-  many free devices stay free for the big requests.
-- ``spread``: the opposite at each level: the device with the most room, the node with the most free devices.
+- the node: for a share, a node with a shared device the share fits in before any other (KAI's GPU-sharing node
+  order: whole devices stay whole); then ``binpack`` (the default) takes the node with the fewest free whole
+  devices, so nodes with many free devices stay free for the big requests, and ``spread`` the node with the most.
+  For whole GPUs, the node left with the fewest (binpack) or most (spread) free whole devices.
+- the device on that node, for a share: ``binpack`` an already shared device before opening a free one, and among
+  shared devices first one whose remainder after the share is zero or a size the pending workload asks for (so the
+  hole left behind gets filled), then the tightest fit; ``spread`` a free device before a shared one, then the
+  device with the most room.
+
+Whether a node has a shared device the share fits in is read from the node's state, which does not say which GPU
+models a pod allows: on a node with devices of several models, a device of a model the pod does not allow still
+counts (nodes hold one GPU model in practice).
 
 The score is built from explicit, bounded parts (``lexicographic``), never from magnitudes that only order
 correctly by accident. The simulator adds other scorers (FGD and a fragmentation-aware one) through the same
@@ -145,7 +152,11 @@ class BuiltinScorer:
 
     def __call__(self, state: NodeState, request: GpuRequest, devices: tuple[int, ...]) -> int:
         if request.is_share:
-            return lexicographic(*self._device_parts(state, request, devices), self._node_part(state, request, devices))
+            return lexicographic(
+                int(_has_group_for(state, request)),
+                self._whole_part(state.whole_free_count),
+                *self._device_parts(state, request, devices),
+            )
         if request.whole_gpus:
             return lexicographic(0, 0, 0, self._node_part(state, request, devices))
         return lexicographic(0, 0, *self._cpu_parts(state, request))
@@ -165,9 +176,9 @@ class BuiltinScorer:
         return min(parts) if parts else (0, 0, 0)
 
     def _node_part(self, state: NodeState, request: GpuRequest, devices: tuple[int, ...]) -> int:
-        whole_left = state.whole_free_count - request.whole_gpus
-        if request.is_share:
-            whole_left -= sum(1 for device in devices if state.device_whole_free[device])
+        return self._whole_part(state.whole_free_count - request.whole_gpus)
+
+    def _whole_part(self, whole_left: int) -> int:
         whole_left = min(max(0, whole_left), _PART - 1)
         return _PART - 1 - whole_left if self.node is Strategy.BINPACK else whole_left
 
@@ -178,6 +189,12 @@ class BuiltinScorer:
         if self.node is Strategy.BINPACK:
             return _PART - 1 - gpus_free, _PART - 1 - cpu_left
         return gpus_free, cpu_left
+
+
+def _has_group_for(state: NodeState, request: GpuRequest) -> bool:
+    """Has the node a shared device the share fits in (KAI's GPU-sharing node order)?"""
+    free = state.device_free_milli
+    return any(shared and free[device] >= request.share_on(device) for device, shared in enumerate(state.device_shared))
 
 
 def builtin(*, node: Strategy, device: Strategy, demanded: Sequence[int] = ()) -> BuiltinScorer:

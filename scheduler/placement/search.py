@@ -6,11 +6,12 @@ Two paths give the same answer for the built-in binpack scorer (a property test 
   GPUs under either strategy: it walks the capacity indexes in the order the scorer would rank them and stops at
   the first node that fits, so its cost does not grow with the number of nodes.
 - the *scored* path, for everything else (spread for shares, custom scorers, CPU-only pods, shares on several
-  devices, gpu-memory shares): every distinct *look* of the eligible classes (``capacity.Look``: nodes that the
-  filters, the device choice and the scorer cannot tell apart) is scored once, and its answer kept on the look for
-  the next pod of the same shape, so the cost follows the number of distinct node states, not of nodes, and a
-  node state is never hashed during a search. A pod that needs more pod slots than a look records goes node by node
-  (``group_alike`` off does the same for every pod: the reference the tests hold the grouped search to).
+  devices, gpu-memory shares, shares that name GPU models): every distinct *look* of the eligible classes
+  (``capacity.Look``: nodes that the filters, the device choice and the scorer cannot tell apart) is scored once,
+  and its answer kept on the look for the next pod of the same shape, so the cost follows the number of distinct
+  node states, not of nodes, and a node state is never hashed during a search. A pod that needs more pod slots than
+  a look records goes node by node (``group_alike`` off does the same for every pod: the reference the tests hold
+  the grouped search to).
 
 Both break ties by node order (name order), then by device index, so a plan never depends on hashing; a scorer that
 is ``scoring.DrawsTies`` has its tied nodes drawn instead. This module holds the ``Searcher`` (its configuration,
@@ -162,9 +163,11 @@ class Searcher:
         if not eligible:
             return None
         share = shape.share
+        models = shape.constraints.gpu_models
         if share is None and shape.whole_gpus and self.indexed_whole:
             return indexed.find_whole(self.capacity, shape, eligible, spread=self.spread_whole)
-        if share is not None and share.milli_gpu and share.devices == 1 and self.indexed_share:
+        # A share that names GPU models takes the scored path: its node order reads the node state as the scorer does.
+        if share is not None and share.milli_gpu and share.devices == 1 and self.indexed_share and not models:
             return indexed.find_share(self.capacity, shape, share.milli_gpu, eligible, demanded=self.demanded)
         if share is None and not shape.whole_gpus and self.indexed_cpu:
             return indexed.find_cpu(self.capacity, shape, eligible)

@@ -24,7 +24,7 @@ from typing import Protocol
 from common import logs
 from scheduler.objects import gpurequest
 from scheduler.objects.records import NodeRecord, Phase, PodGroupRecord, PodRecord, Problem
-from scheduler.placement import model
+from scheduler.placement import gangs, model
 from scheduler.state import models
 from scheduler.state.cache import ClusterState, GroupKey
 from scheduler.state.models import QueueIssue
@@ -295,13 +295,7 @@ class SnapshotBuilder:
             pods.append(pod)
         if not pods:
             return None, tuple(issues)
-        satisfied = sum(1 for pod in pods if pod.phase is not model.PodPhase.PENDING)
-        running = sum(1 for pod in pods if pod.phase is model.PodPhase.RUNNING)
-        if running and satisfied < podgroup.min_member:
-            since = self._below_min_since.setdefault(key, now_ns)
-        else:
-            self._below_min_since.pop(key, None)
-            since = None
+        delay_ns = podgroup.preemption_delay_ns
         group = model.Group(
             id=models.group_id(*key),
             queue=model.QueueName(queue),
@@ -311,8 +305,16 @@ class SnapshotBuilder:
             preemptible=preemptible,
             created_ns=podgroup.created_ns,
             members=tuple(pods),
-            below_min_since_ns=since,
+            stale_grace_ns=podgroup.staleness_grace_ns,
+            # KAI's preemptionDelay: counted from the group's creation or its last eviction, whichever is later.
+            evictions_from_ns=max(podgroup.created_ns, podgroup.last_eviction_ns) + delay_ns if delay_ns else None,
         )
+        # Stale when running below its minimum or a subgroup below its own (completed members count as satisfied).
+        running = any(pod.phase is model.PodPhase.RUNNING for pod in pods)
+        if running and gangs.below_minimum(group) is not None:
+            group = dataclasses.replace(group, below_min_since_ns=self._below_min_since.setdefault(key, now_ns))
+        else:
+            self._below_min_since.pop(key, None)
         return group, tuple(issues)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from common import names
 from common.natsserver import free_port
 from quotient.emulator.faults import Fault
 from tests import polling
@@ -105,3 +106,65 @@ def test_a_port_in_use_is_one_line_naming_the_flag_and_exit_status_2() -> None:
     lines = [line for line in done.stderr.splitlines() if line.startswith("quotient scheduler:")]
     assert len(lines) == 1 and f"--metrics-port: cannot listen on 127.0.0.1:{port}" in lines[0]
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("node", ["1x2xA100-80GB"])
+def test_deleting_a_queue_under_running_work_never_stops_the_scheduler_and_its_pods_can_be_reclaimed(
+    tmp_path: Path, node: str
+) -> None:
+    queues = [
+        {
+            "apiVersion": "scheduling.run.ai/v2",
+            "kind": "Queue",
+            "metadata": {"name": name},
+            "spec": {
+                "resources": {
+                    "gpu": {"quota": 1, "limit": -1, "overQuotaWeight": 1},
+                    "cpu": {"quota": -1, "limit": -1, "overQuotaWeight": 1},
+                    "memory": {"quota": -1, "limit": -1, "overQuotaWeight": 1},
+                }
+            },
+        }
+        for name in ("team-a", "team-b")
+    ]
+
+    def in_queue(name: str, queue: str) -> dict[str, object]:
+        pod = harness.gpu_pod(name)
+        pod["metadata"]["labels"] = {"kai.scheduler/queue": queue}  # type: ignore[index]
+        return pod
+
+    with harness.world(node, tmp_path) as world:
+        world.apply("queues", *queues)
+        scheduler = world.scheduler(identity="queues")
+        world.apply("running", in_queue("a-1", "team-a"), in_queue("b-1", "team-b"))
+        polling.until_sync(lambda: world.bound(["a-1", "b-1"]), timeout_s=harness.STEP_TIMEOUT_S, what="both bound")
+        world.kubectl("delete", "queue", "team-b")
+
+        def podgroup_reason(pod: str) -> str:
+            group = harness.pods(world.kubectl)[pod]["metadata"].get("annotations", {}).get(names.POD_GROUP_ANNOTATION)
+            if group is None:
+                return ""  # the grouper writes the annotation a moment after it made the group
+            listed = world.kubectl.json("get", "podgroups.scheduling.run.ai", group, "-n", "default")
+            conditions = (listed.get("status") or {}).get("schedulingConditions") or []
+            return " ".join(f"{c.get('reason')}: {c.get('message')}" for c in conditions)
+
+        polling.until_sync(
+            lambda: "QueueDoesNotExist" in podgroup_reason("b-1"),
+            timeout_s=harness.STEP_TIMEOUT_S,
+            what="QueueDoesNotExist on the running group of the deleted queue",
+        )
+        world.apply("orphan", in_queue("b-2", "team-b"))
+        polling.until_sync(
+            lambda: "QueueDoesNotExist" in podgroup_reason("b-2"),
+            timeout_s=harness.STEP_TIMEOUT_S,
+            what="a new pod of the deleted queue waiting with QueueDoesNotExist",
+        )
+        assert not world.bound(["b-2"])
+        # team-a is owed its second GPU only from team-b's pod, whose queue is gone: it must be reclaimable.
+        world.apply("more", in_queue("a-2", "team-a"))
+        polling.until_sync(
+            lambda: world.bound(["a-2"]), timeout_s=30, what="a-2 bound after reclaiming from the deleted queue"
+        )
+        assert "b-1" not in harness.pods(world.kubectl) or not world.bound(["b-1"])
+        assert scheduler.process.poll() is None, "the scheduler exited"
+        assert "Traceback" not in scheduler.log()

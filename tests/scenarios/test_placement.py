@@ -11,18 +11,21 @@ Keys (all optional unless said):
   ``memory`` (256Gi), ``pods`` (110), ``labels``, ``taints`` [{key, value, effect}], ``ready``, ``devices``
   [{index, peak_used, stale, unattributed, healthy, memory}]. Node usage comes from the running pods below.
 - ``queues``: ``name``, ``parent``, ``priority``, ``gpu``/``cpu``/``memory``: {quota, limit, weight} (a resource
-  left out is KAI's unset: quota 0, limit 0, weight 0), ``open: true`` (every resource -1/-1/1),
+  left out is KAI's unset: quota 0, limit 0, weight 0), ``open: true`` (every resource not given -1/-1/1),
   ``preempt_min_runtime``, ``reclaim_min_runtime`` (durations).
 - ``groups``: ``id``, ``queue``, ``min``, ``priority`` (50), ``preemptible`` (priority below 100), ``created``
-  (s), ``below_min_since`` (s), ``subgroups`` [{name, min}], ``pods`` [{name, count, gpu | fraction |
-  gpu_memory, devices, cpu, memory, node_selector, affinity [[{key, operator, values}]], tolerations, gpu_models,
-  phase, node, held (device indexes), started (s), subgroup, created (s), nominated (node)}].
+  (s), ``below_min_since`` (s), ``stale_grace`` (s, the group's own), ``evictions_from`` (s: its preemption
+  delay ends), ``subgroups`` [{name, min}], ``pods``
+  [{name, count, gpu | fraction | gpu_memory, devices, cpu, memory, node_selector, affinity [[{key, operator,
+  values}]], tolerations, gpu_models, phase, node, held (device indexes, every pod of ``count``), started (s),
+  subgroup, created (s), nominated (node)}].
 - ``config``: ``gpu_strategy``, ``cpu_strategy``, ``device_strategy``, ``margin``, ``reclaim_multiple``,
   ``stale_grace``, ``actions``. ``now``: seconds.
 - ``expect``: ``placed`` {pod: node | node/dev+dev}, ``only`` (nothing else placed), ``not_placed`` [pods],
   ``placed_count``, ``evicted`` {pod: reason}, ``evicted_count``, ``status`` {group: reason},
   ``message`` {group: [substrings]}, ``same_device`` [[pods]], ``no_status`` [groups], ``fair_gpu``
-  {queue: GPUs}, ``share`` {pod: milli per device}, ``nominated`` {pod: node}.
+  {queue: GPUs}, ``share`` {pod: milli per device}, ``nominated`` {pod: node}, ``moved`` {pod: node} (evicted
+  and placed again there), ``not_evicted`` [pods], ``message_absent`` {group: [substrings]}.
 """
 
 from __future__ import annotations
@@ -66,14 +69,11 @@ def _queue_resource(spec: Mapping[str, Any] | None, *, scale: int) -> model.Queu
 
 
 def load_queue(spec: Mapping[str, Any]) -> model.Queue:
-    if spec.get("open"):
-        resources = {"gpu": model.OPEN, "cpu": model.OPEN, "memory": model.OPEN}
-    else:
-        resources = {
-            "gpu": _queue_resource(spec.get("gpu"), scale=1000),
-            "cpu": _queue_resource(spec.get("cpu"), scale=1),
-            "memory": _queue_resource(spec.get("memory"), scale=10**6),
-        }
+    scales = {"gpu": 1000, "cpu": 1, "memory": 10**6}
+    resources = {
+        kind: model.OPEN if spec.get("open") and kind not in spec else _queue_resource(spec.get(kind), scale=scale)
+        for kind, scale in scales.items()
+    }
     return model.Queue(
         name=model.QueueName(spec["name"]),
         parent=model.QueueName(spec["parent"]) if spec.get("parent") else None,
@@ -171,6 +171,8 @@ def load_group(spec: Mapping[str, Any]) -> model.Group:
         created_ns=created,
         members=members,
         below_min_since_ns=_seconds(spec["below_min_since"]) if "below_min_since" in spec else None,
+        stale_grace_ns=_seconds(spec["stale_grace"]) if "stale_grace" in spec else None,
+        evictions_from_ns=_seconds(spec["evictions_from"]) if "evictions_from" in spec else None,
     )
 
 
@@ -324,6 +326,15 @@ def check(result: plan.Plan, expect: Mapping[str, Any]) -> None:
     nominated = {nomination.pod: nomination.node for nomination in result.nominations}
     for pod, node in expect.get("nominated", {}).items():
         assert nominated.get(pod) == node, f"{pod} nominated to {nominated.get(pod)}"
+    for pod, node in expect.get("moved", {}).items():
+        assert pod in evicted, f"{pod} was not moved; evicted: {sorted(evicted)}"
+        assert evicted[pod].moved_to == node, f"{pod} moved to {evicted[pod].moved_to}, expected {node}"
+    for pod in expect.get("not_evicted", ()):
+        assert pod not in evicted, f"{pod} was evicted ({evicted[pod].reason.value})"
+    for group, parts in expect.get("message_absent", {}).items():
+        message = result.statuses[group].message
+        for part in parts:
+            assert part not in message, f"{part!r} in {message!r}"
     for pod, milli in expect.get("share", {}).items():
         assert placed[pod].share_milli == tuple(milli if isinstance(milli, list) else [milli])
 

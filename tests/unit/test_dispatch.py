@@ -18,6 +18,7 @@ import pytest
 from common import names, subjects
 from common.backoff import Backoff
 from scheduler import audit
+from scheduler import dispatch as dispatch_module
 from scheduler.dispatch import Dispatcher
 from scheduler.kube import binding, events, kubeapi
 from scheduler.kube.errors import KubeUnavailable
@@ -284,3 +285,45 @@ async def test_an_eviction_the_api_refuses_is_dropped_so_a_later_decision_may_tr
     assert not world.dispatcher.is_evicting(uid)
     assert world.bus.decisions() == []
     assert await world.api.get(kubeapi.PODS, name="g", namespace="ml") is not None
+
+
+async def test_a_nomination_no_plan_renews_is_cleared_after_its_ttl_and_a_renewed_one_is_kept(world: World) -> None:
+    clock = [1000.0]
+    dispatcher = Dispatcher(
+        world.state,
+        metrics=world.metrics,
+        recorder=world.events,
+        decisions=audit.DecisionPublisher(world.bus, identity="test"),
+        quarantine=lambda node, seconds: None,
+        reservation_timeout_s=60.0,
+        on_change=lambda: None,
+        clock_s=lambda: clock[0],
+    )
+    dispatcher.binder = world.binder
+    stale, renewed = await world.pod("stale"), await world.pod("renewed")
+    for pod in (stale, renewed):  # nominated by a previous leader, or by a plan whose room went elsewhere
+        await world.api.patch(
+            kubeapi.PODS,
+            {"status": {"nominatedNodeName": "n1"}},
+            name=pod["metadata"]["name"],
+            namespace="ml",
+            subresource="status",
+        )
+        record = pods.decode(await world.api.get(kubeapi.PODS, name=pod["metadata"]["name"], namespace="ml") or {})
+        assert record is not None and record.nominated_node == "n1"
+        world.state.put_pod(record)
+    nominate = world.place(renewed)
+    nominate = plan.Plan(placements=(), evictions=(), statuses={}, nominations=nominate.placements)
+    snapshot = SnapshotBuilder(world.state).build(NOW).snapshot
+
+    dispatcher.dispatch(nominate, snapshot, cycle=1)  # first sight of both: the clock starts
+    clock[0] += dispatch_module.NOMINATION_TTL_S + 1
+    dispatcher.dispatch(nominate, snapshot, cycle=2)
+    await world.binder.drain()
+
+    status = {
+        name: ((await world.api.get(kubeapi.PODS, name=name, namespace="ml")) or {}).get("status", {})
+        for name in ("stale", "renewed")
+    }
+    assert status["stale"].get("nominatedNodeName") is None, "cleared: no plan nominated it for the whole TTL"
+    assert status["renewed"].get("nominatedNodeName") == "n1"

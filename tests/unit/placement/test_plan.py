@@ -1,15 +1,21 @@
-"""The append-only plan: checkpoint and rollback restore the working state exactly; applying a plan."""
+"""The append-only plan: checkpoint and rollback restore the working state exactly; applying a plan, and the gangs
+it leaves below their minimum."""
 
 from __future__ import annotations
 
-from scheduler.placement import applying, capacity, engine, model, plan, search, shapes
+import dataclasses
+
+from scheduler.placement import applying, capacity, decisions, engine, gangs, model, plan, search, shapes
 from tests.unit.placement import builders
 
 
 def _picture(cap: capacity.Capacity) -> object:
     nodes = [(work.name, work.save()) for work in cap.by_order]
     indexes = [
-        (sorted((count, list(bucket)) for count, bucket in index.whole.items() if bucket), list(index.shared))
+        (
+            sorted((count, list(bucket)) for count, bucket in index.whole.items() if bucket),
+            sorted((count, list(bucket)) for count, bucket in index.shared.items() if bucket),
+        )
         for index in cap.classes
     ]
     return nodes, indexes
@@ -70,3 +76,34 @@ def test_an_applied_plan_shows_pods_running_and_shares_in_one_gpu_group() -> Non
     assert all(pod.phase is model.PodPhase.RUNNING and pod.started_ns == 7 for pod in pods.values())
     assert pods[model.PodUid("a")].gpu_groups == pods[model.PodUid("b")].gpu_groups
     assert engine.Engine().run(after).placements == ()
+
+
+def test_a_gang_whose_subgroup_loses_its_only_pod_is_marked_below_its_minimum_when_applied() -> None:
+    pods = (
+        dataclasses.replace(builders.pod("head", gpus=1), subgroup="head"),
+        dataclasses.replace(builders.pod("w0", gpus=1), subgroup="workers"),
+        dataclasses.replace(builders.pod("w1", gpus=1), subgroup="workers"),
+    )
+    gang = dataclasses.replace(
+        builders.group("job", *pods, min_member=2),
+        subgroups=(model.SubGroup(name="head", min_member=1), model.SubGroup(name="workers", min_member=1)),
+    )
+    snapshot = model.snapshot(
+        nodes=[builders.node("n0", gpus=4)], queues=builders.open_queues(), groups=[gang], now_ns=5
+    )
+    running = applying.apply(snapshot, engine.Engine().run(snapshot))
+    assert running.groups[model.GroupId("job")].below_min_since_ns is None
+    head = next(pod for pod in running.groups[model.GroupId("job")].members if pod.uid == "head")
+    eviction = decisions.Eviction(
+        pod=head.uid,
+        group=model.GroupId("job"),
+        node=model.NodeName("n0"),
+        reason=decisions.EvictionReason.RECLAIM,
+        beneficiary=None,
+        message="",
+    )
+    after = applying.apply(running, plan.Plan(placements=(), evictions=(eviction,), statuses={}), now_ns=9)
+    job = after.groups[model.GroupId("job")]
+    # Two of its two members run, but subgroup head has none of the one it needs.
+    assert gangs.below_minimum(job) == "0 of the 1 members subgroup head needs"
+    assert job.below_min_since_ns == 9

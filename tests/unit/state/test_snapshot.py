@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -228,3 +229,19 @@ def test_a_podgroup_spec_kai_would_refuse_keeps_its_pending_pods_out_with_the_re
     [group] = built.snapshot.groups.values()
     assert [p.name for p in group.members] == ["running"], "the running pod still holds its GPU"
     assert not built.snapshot.nodes[model.NodeName("n1")].devices[0].is_free
+
+
+def test_a_podgroups_delay_grace_and_subgroup_minimums_reach_the_engines_group() -> None:
+    state = seeded_state()
+    spec = podgroup_json("pg-sub", min_member=1)
+    spec["spec"]["subGroups"] = [{"name": "workers", "minMember": 2}]
+    spec["spec"]["preemptionDelay"] = "2m"
+    spec["spec"]["stalenessGracePeriod"] = "30s"
+    state.put_podgroup(decoded(podgroups.decode, spec))
+    worker = pod("w-0", group="pg-sub", gpus=1, node_name="n1", annotations={names.GPU_DEVICES_ANNOTATION: "0"})
+    state.put_pod(dataclasses.replace(worker, subgroup="workers"))
+    [group] = SnapshotBuilder(state).build(NOW).snapshot.groups.values()
+    created_ns = 1_767_225_600 * 1_000_000_000  # the PodGroup's creationTimestamp, 2026-01-01T00:00:00Z
+    assert group.evictions_from_ns == created_ns + 120 * 1_000_000_000
+    assert group.stale_grace_ns == 30 * 1_000_000_000
+    assert group.below_min_since_ns == NOW, "one worker of the two its subgroup needs: stale from now"

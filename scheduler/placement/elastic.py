@@ -1,0 +1,55 @@
+"""Handing out elastic pods: the members of running or placed gangs beyond their minimum.
+
+They come after every gang's minimum, as in KAI, where a job with pods left is put back in line after each
+allocation: queues in their order (with the pod each would run next, ``ordering``), and the groups of one queue in
+turn, one pod at a time, so two elastic jobs of a queue grow side by side instead of one taking everything. A pod
+that does not fit ends its group's turn for the cycle (its later pods would not fit either, or would jump the
+line); the cycle may then make room for it (``evictions``).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Sequence
+
+from common.resources import Resources
+from scheduler.placement import gangs, model, ordering
+
+Extras = Sequence[tuple[model.Group, tuple[model.Pod, ...]]]
+OrderFactory = Callable[[list[model.QueueName], Callable[[model.QueueName], Resources]], ordering.QueueOrder]
+
+
+def hand_out(
+    extras: Extras,
+    *,
+    order: OrderFactory,
+    reference_memory: int,
+    place: Callable[[model.Group, model.Pod], bool],
+) -> None:
+    """Offer every elastic pod of ``extras`` to ``place`` (True when placed) in the order the module describes.
+
+    ``order(leaves, job)`` makes the queue order over the leaves with extras, ``job(leaf)`` being the pod the leaf
+    would place next.
+    """
+    if not extras:
+        return
+    rings: dict[model.QueueName, collections.deque[tuple[model.Group, tuple[model.Pod, ...], int]]] = {}
+    for group, pods in sorted(extras, key=lambda entry: ordering.group_key(entry[0])):
+        rings.setdefault(group.queue, collections.deque()).append((group, pods, 0))
+
+    def job(leaf: model.QueueName) -> Resources:
+        _, pods, index = rings[leaf][0]
+        return gangs.total((pods[index],), reference_memory)
+
+    queues = order(list(rings), job)
+    leaf = queues.next()
+    while leaf is not None:
+        ring = rings[leaf]
+        group, pods, index = ring.popleft()
+        if place(group, pods[index]) and index + 1 < len(pods):
+            ring.append((group, pods, index + 1))
+        if ring:
+            queues.touched(leaf)
+        else:
+            queues.exhausted(leaf)
+        leaf = queues.next()

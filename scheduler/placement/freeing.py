@@ -1,0 +1,145 @@
+"""What evicting pods would free on a node, and whether that gives the pods room is made for more room there.
+
+Room-making (``roommaking``) pools victims per node and evicts a node's pool once the node would hold more pods of
+the group than it does now. These are the estimates it asks, by requests alone (an upper bound: GPU models and
+measured memory are left to the real placement that follows): the room a node would have free once given pods leave
+it (``free_after``: a device held whole is freed, a shared device gets its shares back and becomes whole again when
+its last share leaves), how many pods of a shape that room holds (``pods_that_fit``), and, per node, whether a victim
+frees something the node is short of (``Room.helps``) and whether a pool gives the node room for one more pod
+(``Room.gains``).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+from scheduler.placement import devices, model, nodework, search, shapes
+
+
+@dataclasses.dataclass(slots=True)
+class Free:
+    """What a node would have free once some pods leave it (by requests: an upper bound)."""
+
+    cpu: int
+    memory: int
+    slots: int
+    room: list[int]
+    """Per device, the share a pod could take there."""
+    whole: list[bool]
+    """Per device, free for a whole-GPU pod or a new GPU group."""
+
+
+def free_after(work: nodework.NodeWork, leaving: Sequence[model.Pod]) -> Free:
+    """The node's free room once ``leaving`` (pods on it) are gone. A device held whole becomes free when its pod
+    leaves; a shared device gets its share back, and becomes free for a whole-GPU pod (its reservation pod going
+    too) when the last share of its group leaves. GPU models and measured memory are left to the real placement."""
+    free = Free(
+        cpu=work.free_cpu + sum(pod.requests.milli_cpu for pod in leaving),
+        memory=work.free_mem + sum(pod.requests.memory_bytes for pod in leaving),
+        slots=work.free_pods + sum(pod.requests.pods for pod in leaving),
+        room=list(work.dev_free),
+        whole=list(work.dev_whole),
+    )
+    allotted = list(work.dev_allotted)
+    for pod in leaving:
+        for device in pod.devices:
+            if device >= len(free.room) or not work.dev_healthy[device]:
+                continue
+            if pod.share is None:
+                allotted[device] = 0
+                free.room[device], free.whole[device] = devices.FULL, work.dev_group[device] is None
+                continue
+            allotted[device] = max(0, allotted[device] - pod.allotted_milli_gpu)
+            if allotted[device] == 0 and work.dev_group[device] is not None:
+                free.room[device], free.whole[device] = devices.FULL, True
+                free.slots += 1  # the group's reservation pod goes with its last share
+            else:
+                free.room[device] = min(devices.FULL, free.room[device] + pod.allotted_milli_gpu)
+    return free
+
+
+def pods_that_fit(work: nodework.NodeWork, free: Free, shape: shapes.Shape, limit: int) -> int:
+    """How many pods of ``shape`` (at most ``limit``) the free room holds, by requests."""
+    count = _gpu_fit(work, free, shape, limit)
+    for have, need in ((free.cpu, shape.milli_cpu), (free.memory, shape.memory_bytes), (free.slots, shape.pods)):
+        if need > 0:
+            count = min(count, max(0, have) // need)
+    return count
+
+
+def _gpu_fit(work: nodework.NodeWork, free: Free, shape: shapes.Shape, limit: int) -> int:
+    """How many pods of ``shape`` (at most ``limit``) the node's devices hold, by GPU alone."""
+    if shape.whole_gpus:
+        return min(limit, sum(free.whole) // shape.whole_gpus)
+    if shape.share is None:
+        return limit
+    per_device = work.share_on_each(shape.share)
+    if shape.share.devices == 1:
+        held = sum(room // need for room, need in zip(free.room, per_device, strict=True) if 0 < need <= room)
+    else:
+        held = sum(1 for room, need in zip(free.room, per_device, strict=True) if room >= need) // shape.share.devices
+    return min(limit, held)
+
+
+class Room:
+    """Where the minimum's pods may go, and whether evicting given pods gives a node room for more of them."""
+
+    def __init__(self, searcher: search.Searcher, wanted: Sequence[shapes.Shape]) -> None:
+        """``wanted``: the shapes of the pods room is made for, one per pod."""
+        self._capacity = searcher.capacity
+        needed = collections.Counter(wanted)
+        self._wanted = list(needed.items())
+        self._eligible = [frozenset(searcher.eligible(shape.constraints)) for shape in needed]
+        self._classes = frozenset(cls for classes in self._eligible for cls in classes)
+
+    def nodes_of(self, pods: Iterable[model.Pod]) -> list[model.NodeName]:
+        """The nodes of ``pods`` that some pod of the minimum may use, in first-seen order."""
+        found: list[model.NodeName] = []
+        for pod in pods:
+            name = pod.node
+            if name is None or name in found:
+                continue
+            work = self._capacity.by_name.get(name)
+            if work is not None and work.cls in self._classes:
+                found.append(name)
+        return found
+
+    def _short(self, name: model.NodeName) -> list[tuple[nodework.NodeWork, shapes.Shape, int]]:
+        """The shapes the node lacks room for (it holds fewer of them than the minimum has), with that count."""
+        work = self._capacity.by_name[name]
+        now = free_after(work, ())
+        found: list[tuple[nodework.NodeWork, shapes.Shape, int]] = []
+        for (shape, needed), classes in zip(self._wanted, self._eligible, strict=True):
+            if work.cls in classes:
+                count = pods_that_fit(work, now, shape, needed)
+                if count < needed:
+                    found.append((work, shape, needed))
+        return found
+
+    def helps(self, name: model.NodeName, pooled: Sequence[model.Pod], pods: Sequence[model.Pod]) -> bool:
+        """Do ``pods`` free something the node is short of for one more pod of the minimum, ``pooled`` gone?"""
+        on_node = [pod for pod in pods if pod.node == name]
+        for work, shape, needed in self._short(name):
+            free = free_after(work, [pod for pod in pooled if pod.node == name])
+            target = pods_that_fit(work, free, shape, needed) + 1
+            if _gpu_fit(work, free, shape, target) < target and any(pod.devices for pod in on_node):
+                return True
+            short = (
+                (free.cpu < target * shape.milli_cpu, sum(pod.requests.milli_cpu for pod in on_node)),
+                (free.memory < target * shape.memory_bytes, sum(pod.requests.memory_bytes for pod in on_node)),
+                (free.slots < target * shape.pods, len(on_node)),
+            )
+            if any(lacking and given > 0 for lacking, given in short):
+                return True
+        return False
+
+    def gains(self, name: model.NodeName, leaving: Sequence[model.Pod]) -> bool:
+        """Would the node hold more pods of the minimum once ``leaving`` are gone?"""
+        for work, shape, needed in self._short(name):
+            before = pods_that_fit(work, free_after(work, ()), shape, needed)
+            after = pods_that_fit(work, free_after(work, [pod for pod in leaving if pod.node == name]), shape, needed)
+            if after > before:
+                return True
+        return False

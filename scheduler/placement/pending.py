@@ -1,0 +1,97 @@
+"""Why each group a cycle leaves pending waits: one ``Status`` per group, from the state the plan leaves behind.
+
+A status depends only on that end state and the group, never on how far an attempt got, so the message describes
+what a person can change now: the queue at or over its fair share (``OverQuota``), a gang that does not fit at once
+(``GangDoesNotFit``), or the best candidate node and what was missing there (``diagnosis``). Where reclaim looked and
+did not act, its reason (in numbers) is added.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from common.resources import Resources
+from scheduler.placement import diagnosis, fairshare, model, search, shapes, status
+
+
+class Explainer:
+    """Explains pods that found no room, once per distinct shape (lives for one cycle's statuses)."""
+
+    def __init__(self, searcher: search.Searcher) -> None:
+        self._searcher = searcher
+        self._explained: dict[shapes.Shape, tuple[status.Reason, str]] = {}
+        self._summaries: dict[shapes.Shape, tuple[str, bool]] = {}
+
+    def explain(self, shape: shapes.Shape) -> tuple[status.Reason, str]:
+        found = self._explained.get(shape)
+        if found is None:
+            found = self._explained[shape] = diagnosis.explain(self._searcher, shape)
+        return found
+
+    def summary(self, shape: shapes.Shape) -> tuple[str, bool]:
+        """What is free for a pod of this shape in all, and whether one such pod alone would fit (end of cycle)."""
+        found = self._summaries.get(shape)
+        if found is None:
+            found = (diagnosis.free_summary(self._searcher, shape), self._searcher.find(shape) is not None)
+            self._summaries[shape] = found
+        return found
+
+
+def failure_status(
+    explainer: Explainer,
+    *,
+    group: model.Group,
+    minimum: Sequence[model.Pod],
+    pod_shapes: Sequence[shapes.Shape],
+    amounts: Resources,
+    held: Resources,
+    fair: Resources,
+    everyone: Resources,
+    refusal: str | None,
+) -> status.Status:
+    """The status of a group whose minimum did not fit (``pod_shapes`` in the minimum's order); ``held`` and
+    ``fair`` are its queue's, ``everyone`` what all queues hold, ``refusal`` why reclaim did not act."""
+    position = next(
+        (index for index, shape in enumerate(pod_shapes) if not explainer.summary(shape)[1]),
+        0,
+    )
+    blocker, shape = minimum[position], pod_shapes[position]
+    reason, text = explainer.explain(shape)
+    pod_text = diagnosis.describe_pod(blocker) + diagnosis.gpu_model_hint(shape)
+    # Over quota only means something when others hold part of the cluster: alone, the queue is just short.
+    over = [
+        kind
+        for kind in fairshare.KINDS
+        if fairshare.amount(amounts, kind) > 0
+        and fairshare.amount(held, kind) >= fairshare.amount(fair, kind)
+        and fairshare.amount(everyone, kind) > fairshare.amount(held, kind)
+        and reason is not status.Reason.NO_NODE_FITS
+    ]
+    if over:
+        kind = over[0]
+        return status.unschedulable(
+            status.Reason.OVER_QUOTA,
+            f"queue {group.queue} holds {status.amount_text(kind, fairshare.amount(held, kind))} of "
+            f"{kind.value}, at or over its fair share of "
+            f"{status.amount_text(kind, fairshare.amount(fair, kind))}: it runs on spare room only, and there "
+            f"is none for {pod_text}: {text}",
+        )
+    why = f"; not reclaimed: {refusal}" if refusal else ""
+    if len(minimum) > 1:
+        summary, alone = explainer.summary(shape)
+        detail = summary if alone else f"{summary}; {pod_text}: {text}"
+        gpu = amounts.milli_gpu
+        needs = f", {status.amount_text(fairshare.Kind.GPU, gpu)} in all" if gpu > 0 else ""
+        return status.unschedulable(
+            status.Reason.GANG_DOES_NOT_FIT,
+            f"gang of {len(minimum)} pods must start together (minMember {group.min_member}{needs}), "
+            f"and they do not all fit at once: {detail}{why}",
+        )
+    return status.unschedulable(reason, f"{pod_text}: {text}{why}")
+
+
+def elastic_status(explainer: Explainer, pod: model.Pod, shape: shapes.Shape, refusal: str | None) -> status.Status:
+    """The status of a group whose elastic pod beyond the minimum found no room."""
+    reason, text = explainer.explain(shape)
+    why = f"; not reclaimed: {refusal}" if refusal else ""
+    return status.unschedulable(reason, f"elastic pod {pod.name} beyond the minimum waits: {text}{why}")

@@ -1,0 +1,282 @@
+"""Properties of the room-making actions on random small clusters (issue 15), and of queues that no longer exist
+(issue 12).
+
+Each example places a first wave of groups (allocate only), applies the plan, then adds a second wave and runs every
+action; sometimes a queue that held work in the first wave is deleted before the second. After that cycle:
+
+- no queue is pushed below its deserved quota by reclaim (in a resource with a set quota, where it held at least
+  that much before);
+- no non-preemptible pod is a victim (stale gangs aside);
+- no pod is evicted when moving it would do: every pod evicted to make room and not moved finds no place in the
+  state the plan leaves (its whole gang, when the gang goes whole);
+- no gang or subgroup is left below its minimum by the plan: a gang keeps its minimum (and each subgroup its own)
+  or goes whole;
+- groups of a queue that does not exist are never placed and wait with ``QueueDoesNotExist``, and nothing raises.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from common.resources import Resources
+from scheduler.placement import (
+    applying,
+    capacity,
+    decisions,
+    engine,
+    fairshare,
+    gangs,
+    model,
+    plan,
+    search,
+    shapes,
+    status,
+)
+from tests.unit.placement import builders
+
+MAKING_ROOM = (
+    decisions.EvictionReason.RECLAIM,
+    decisions.EvictionReason.PREEMPT,
+    decisions.EvictionReason.CONSOLIDATE,
+)
+GHOST = model.QueueName("ghost")
+
+
+@st.composite
+def _group(draw: st.DrawFn, gid: str, leaves: list[str], created: int) -> model.Group:
+    """A group of 1 to 4 pods of one kind in one of ``leaves``, maybe elastic, maybe in two subgroups, maybe bound
+    to a zone."""
+    count = draw(st.integers(1, 4))
+    kind = draw(st.sampled_from(["whole", "whole", "fraction", "cpu"]))
+    pods = []
+    for index in range(count):
+        uid = f"{gid}-{index}"
+        cpu = draw(st.sampled_from([500, 1000, 3000]))
+        if kind == "whole":
+            pods.append(builders.pod(uid, gpus=draw(st.integers(1, 2)), cpu=cpu, created=created))
+        elif kind == "fraction":
+            pods.append(builders.pod(uid, fraction=draw(st.sampled_from([250, 500, 750])), cpu=cpu, created=created))
+        else:
+            pods.append(builders.pod(uid, cpu=cpu, created=created))
+    minimum = draw(st.integers(1, count))
+    subgroups: tuple[model.SubGroup, ...] = ()
+    if count >= 2 and draw(st.booleans()):
+        # Two subgroups: the first pod alone in "head", the rest in "workers".
+        pods = [
+            dataclasses.replace(pod, subgroup="head" if index == 0 else "workers") for index, pod in enumerate(pods)
+        ]
+        subgroups = (
+            model.SubGroup(name="head", min_member=1),
+            model.SubGroup(name="workers", min_member=draw(st.integers(0, count - 1))),
+        )
+        minimum = max(minimum, 1 + subgroups[1].min_member)
+    if draw(st.booleans()):
+        # Bound to one zone: room made there may leave its victims room to move to in the other.
+        zone = (("zone", draw(st.sampled_from(["a", "b"]))),)
+        pods = [dataclasses.replace(pod, node_selector=zone) for pod in pods]
+    priority = draw(st.sampled_from([50, 50, 75, 125]))
+    return dataclasses.replace(
+        builders.group(gid, *pods, queue=draw(st.sampled_from(leaves)), min_member=minimum, priority=priority),
+        created_ns=created,
+        subgroups=subgroups,
+    )
+
+
+def _resource(draw: st.DrawFn, quotas: list[int]) -> model.QueueResource:
+    return model.QueueResource(
+        quota=draw(st.sampled_from(quotas)), limit=model.UNLIMITED, over_quota_weight=draw(st.integers(0, 2))
+    )
+
+
+@st.composite
+def _case(draw: st.DrawFn) -> tuple[model.Snapshot, list[model.Group], bool]:
+    nodes = [
+        builders.node(
+            f"n{index}",
+            gpus=draw(st.integers(1, 4)),
+            cpu=draw(st.sampled_from([4000, 16000])),
+            pods=20,
+            labels={"zone": draw(st.sampled_from(["a", "b"]))},
+        )
+        for index in range(draw(st.integers(1, 5)))
+    ]
+    departments = ["d0", "d1"]
+    leaves = ["q0", "q1", "q2", str(GHOST)]
+    queues = [
+        model.Queue(name=model.QueueName(name), gpu=_resource(draw, [-1, 0, 2000]), created_ns=index)
+        for index, name in enumerate(departments)
+    ]
+    queues += [
+        model.Queue(
+            name=model.QueueName(leaf),
+            parent=model.QueueName(draw(st.sampled_from(departments))),
+            gpu=_resource(draw, [-1, 0, 1000, 2000]),
+            cpu=_resource(draw, [-1, -1, 2000]),
+            priority=draw(st.sampled_from([50, 100])),
+            created_ns=index,
+        )
+        for index, leaf in enumerate(leaves)
+    ]
+    # The first wave mostly fills q0 and the ghost queue, the second mostly asks for q1 and q2: room to reclaim.
+    first = [draw(_group(f"g{index}", ["q0", "q0", "ghost", "q1"], index)) for index in range(draw(st.integers(1, 8)))]
+    later = [draw(_group(f"h{index}", ["q1", "q2", "q0"], 100 + index)) for index in range(draw(st.integers(1, 5)))]
+    config = model.Config(
+        gpu_strategy=draw(st.sampled_from(list(model.Strategy))),
+        device_strategy=draw(st.sampled_from(list(model.Strategy))),
+        reclaim_eviction_multiple=draw(st.sampled_from([0, 0, 2])),
+    )
+    snapshot = model.snapshot(nodes=nodes, queues=queues, groups=first, now_ns=10**12, config=config)
+    return snapshot, later, draw(st.booleans())
+
+
+def _second_cycle(case: tuple[model.Snapshot, list[model.Group], bool]) -> tuple[model.Snapshot, plan.Plan]:
+    """The snapshot before the cycle under test, and its plan."""
+    snapshot, later, delete_ghost = case
+    allocate_only = dataclasses.replace(snapshot.config, actions=(model.Action.ALLOCATE,))
+    first = engine.Engine().run(dataclasses.replace(snapshot, config=allocate_only))
+    after = applying.apply(snapshot, first)
+    groups = dict(after.groups)
+    groups.update((group.id, group) for group in later)
+    queues = dict(after.queues)
+    if delete_ghost:
+        del queues[GHOST]
+    second = dataclasses.replace(after, groups=groups, queues=queues, now_ns=after.now_ns + 10**12)
+    return second, engine.Engine().run(second)
+
+
+def _usage(tree: fairshare.Tree, held: list[tuple[model.Group, Resources]]) -> dict[model.QueueName, Resources]:
+    totals: dict[model.QueueName, Resources] = {}
+    for group, amounts in held:
+        for name in tree.ancestors(group.queue):
+            totals[name] = totals.get(name, model.ZERO) + amounts
+    return totals
+
+
+def _placed(pod: model.Pod, placement: decisions.Placement) -> Resources:
+    gpu = sum(placement.share_milli) or len(placement.devices) * model.MILLI_GPU_PER_DEVICE
+    return Resources(milli_gpu=gpu, milli_cpu=pod.requests.milli_cpu, memory_bytes=pod.requests.memory_bytes)
+
+
+_SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@_SETTINGS
+@given(_case())
+def test_reclaim_never_pushes_a_queue_below_its_deserved_quota(
+    case: tuple[model.Snapshot, list[model.Group], bool],
+) -> None:
+    snapshot, result = _second_cycle(case)
+    named = {group.queue for group in snapshot.groups.values()}
+    queues = dict(snapshot.queues)
+    queues.update((name, engine.orphan(name)) for name in named if name not in queues)
+    tree = fairshare.tree(queues)
+    members = {pod.uid: (group, pod) for group in snapshot.groups.values() for pod in group.members}
+    running = [
+        (pod.uid, group, plan.pod_amounts(pod))
+        for group, pod in members.values()
+        if pod.phase is model.PodPhase.RUNNING
+    ]
+    # The reclaim phase starts from what runs plus what allocate placed (consolidation moves change no usage).
+    start = running + [
+        (placement.pod, members[placement.pod][0], _placed(members[placement.pod][1], placement))
+        for placement in result.placements
+    ]
+    reclaimed = {
+        eviction.pod
+        for eviction in result.evictions
+        if eviction.reason is decisions.EvictionReason.RECLAIM and eviction.moved_to is None
+    }
+    beneficiaries = {
+        group_id for group_id, state in result.statuses.items() if state.reason is status.Reason.WAITING_FOR_RECLAIM
+    }
+    end = [entry for entry in start if entry[0] not in reclaimed]
+    end += [
+        (nomination.pod, members[nomination.pod][0], _placed(members[nomination.pod][1], nomination))
+        for nomination in result.nominations
+        if nomination.group in beneficiaries
+    ]
+    before = _usage(tree, [(group, amounts) for _, group, amounts in start])
+    after = _usage(tree, [(group, amounts) for _, group, amounts in end])
+    for name, share in result.queues.items():
+        queue = queues[name]
+        for kind in fairshare.KINDS:
+            if fairshare.setting(queue, kind).quota == model.UNLIMITED:
+                continue
+            held_before = fairshare.amount(before.get(name, model.ZERO), kind)
+            held_after = fairshare.amount(after.get(name, model.ZERO), kind)
+            floor = min(held_before, fairshare.amount(share.deserved, kind))
+            assert held_after >= floor, f"reclaim took queue {name} to {held_after} {kind}, floor {floor}"
+
+
+@_SETTINGS
+@given(_case())
+def test_no_non_preemptible_pod_is_a_victim_and_every_gang_keeps_its_minimum_or_goes_whole(
+    case: tuple[model.Snapshot, list[model.Group], bool],
+) -> None:
+    snapshot, result = _second_cycle(case)
+    evicted = {eviction.pod: eviction for eviction in result.evictions}
+    for group in snapshot.groups.values():
+        running = [pod for pod in group.members if pod.phase is model.PodPhase.RUNNING]
+        gone = [pod for pod in running if pod.uid in evicted]
+        for pod in gone:
+            assert evicted[pod.uid].reason in (*MAKING_ROOM, decisions.EvictionReason.STALE_GANG)
+            if evicted[pod.uid].reason is not decisions.EvictionReason.STALE_GANG:
+                assert group.preemptible, f"non-preemptible {pod.uid} of {group.id} evicted"
+        if not gone or len(gone) == len(running) or gangs.below_minimum(group) is not None:
+            continue
+        assert gangs.below_minimum(group, evicted) is None, f"{group.id} left below its minimum by the plan"
+
+
+@_SETTINGS
+@given(_case())
+def test_no_pod_is_evicted_where_moving_it_would_do(case: tuple[model.Snapshot, list[model.Group], bool]) -> None:
+    snapshot, result = _second_cycle(case)
+    # The state the plan leaves: bound pods, the room reserved for the groups it was made for, moved pods moved.
+    taken = dataclasses.replace(result, placements=(*result.placements, *result.nominations, *result.moves))
+    after = applying.apply(snapshot, taken)
+    cap = capacity.Capacity()
+    cap.sync(after.nodes, margin_bytes=snapshot.config.headroom_margin_bytes, label_keys=frozenset())
+    searcher = search.Searcher(cap)
+    searcher.configure(snapshot.config, ())
+    draft = plan.Draft(cap, plan.Usage({}))
+    evicted = {eviction.pod: eviction for eviction in result.evictions}
+    stayed: dict[model.GroupId, list[model.Pod]] = {}
+    for eviction in result.evictions:
+        if eviction.reason in MAKING_ROOM and eviction.moved_to is None:
+            group = snapshot.groups[eviction.group]
+            pod = next(pod for pod in group.members if pod.uid == eviction.pod)
+            stayed.setdefault(group.id, []).append(pod)
+    for group_id, pods in stayed.items():
+        group = snapshot.groups[group_id]
+        units = [pods] if gangs.below_minimum(group, evicted) is not None else [[pod] for pod in pods]
+        for unit in units:
+            failure = gangs.try_place(
+                draft=draft,
+                searcher=searcher,
+                group=group,
+                pods=unit,
+                pod_shapes={pod.uid: shapes.shape_of(pod) for pod in unit},
+            )
+            assert failure is not None, f"{[pod.uid for pod in unit]} evicted though they fit after the plan"
+
+
+@_SETTINGS
+@given(_case())
+def test_groups_of_a_queue_that_does_not_exist_wait_and_nothing_raises(
+    case: tuple[model.Snapshot, list[model.Group], bool],
+) -> None:
+    snapshot, result = _second_cycle(case)
+    placed = {placement.group for placement in (*result.placements, *result.nominations)}
+    for group in snapshot.groups.values():
+        if group.queue in snapshot.queues:
+            continue
+        assert group.id not in placed, f"{group.id} of missing queue {group.queue} placed"
+        if any(pod.phase is model.PodPhase.PENDING for pod in group.members):
+            assert result.statuses[group.id].reason is status.Reason.QUEUE_DOES_NOT_EXIST
+    assert set(result.queues) <= set(snapshot.queues), "a missing queue got a Queue status"
+    warm = engine.Engine()
+    warm.run(snapshot)
+    assert warm.run(snapshot) == result, "a warm engine planned differently from a fresh one"
