@@ -26,14 +26,33 @@ from common.natsconn import NatsBus
 
 log = logs.get("agent.app")
 
+DEFAULT_TOKEN_FILE = Path("/var/run/secrets/quotient/nats-token/token")
+"""Where the DaemonSet mounts the agent's projected token (deploy/base/agent/daemonset.yaml, volume nats-token)."""
+
 SETTINGS: tuple[Setting[object], ...] = (
     Setting(name="node", parse=config.parse_str, default=None, help="node name (default: $NODE_NAME)"),
     Setting(name="nats", parse=config.parse_nats_url, default="nats://127.0.0.1:4222", help="NATS server URL(s)"),
     Setting(
+        name="nats_token_file",
+        parse=lambda raw: Path(config.parse_str(raw)),
+        default=None,
+        help="file holding this agent's pod's projected ServiceAccount token, re-read at every (re)connect, for a NATS "
+        f"server that runs the auth callout (default: {DEFAULT_TOKEN_FILE} where it exists and no seed is given)",
+        metavar="FILE",
+    ),
+    Setting(
         name="nats_nkey_seed",
         parse=config.parse_existing_file,
         default=None,
-        help="file holding this agent's NATS nkey seed (mounted from a Secret)",
+        help="file holding the agent role's NATS nkey seed (mounted from a Secret): the fallback for a NATS server "
+        "without the auth callout",
+        metavar="FILE",
+    ),
+    Setting(
+        name="nats_ca",
+        parse=config.parse_existing_file,
+        default=None,
+        help="the CA that NATS servers' certificates must be signed by (PEM); TLS is used whatever the URL says",
         metavar="FILE",
     ),
     Setting(
@@ -105,15 +124,39 @@ def build_probe(values: dict[str, object]) -> tuple[GpuProbe, Path]:
     return fake.probe, fake.proc_root
 
 
+def nats_credentials(
+    values: Mapping[str, object], *, default_token: Path = DEFAULT_TOKEN_FILE
+) -> tuple[Path | None, Path | None]:
+    """(token file, seed file) the agent connects with; at most one is set.
+
+    The one place that says how an agent authenticates. What is given wins: ``--nats-token-file`` (its pod's
+    projected ServiceAccount token, which the server's auth callout turns into the right to publish for this node
+    only), or ``--nats-nkey-seed`` (the agent role's shared nkey, for a server without the callout); both at once
+    is a ``ConfigError``. Given neither, the token the DaemonSet mounts where it exists, else none: the server
+    admits anonymous clients or refuses.
+    """
+    token, seed = values.get("nats_token_file"), values["nats_nkey_seed"]
+    if token is not None and seed is not None:
+        raise ConfigError(
+            "--nats-token-file and --nats-nkey-seed: give one (the token where NATS runs the auth callout, the seed "
+            "where it does not)"
+        )
+    if token is None and seed is None and default_token.is_file():
+        token = default_token
+    return (Path(str(token)) if token is not None else None, Path(str(seed)) if seed is not None else None)
+
+
 def nats_bus(values: Mapping[str, object], *, node: str, on_reconnect: Callable[[], Awaitable[None]]) -> NatsBus:
-    """The agent's NATS connection, and the one place that says how an agent authenticates: with the agent role's
-    nkey seed where one is given (``--nats-nkey-seed``), else as the server admits anonymous clients."""
-    seed = values["nats_nkey_seed"]
+    """The agent's NATS connection, authenticated as ``nats_credentials`` says."""
+    token, seed = nats_credentials(values)
+    log.info("agent_nats_credentials", method="token" if token else "nkey" if seed else "none", file=str(token or seed))
     return NatsBus(
         servers=str(values["nats"]),
         name=f"quotient-agent-{node}",
-        nkey_seed=Path(str(seed)) if seed is not None else None,
+        nkey_seed=seed,
+        token_file=token,
         on_reconnect=on_reconnect,
+        tls_ca=Path(str(values["nats_ca"])) if values.get("nats_ca") is not None else None,
     )
 
 

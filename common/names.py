@@ -118,6 +118,25 @@ HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 """Node label: the node's name; a pod pre-bound to a node in a cluster spec selects it."""
 OS_LABEL: Final = "kubernetes.io/os"
 ARCH_LABEL: Final = "kubernetes.io/arch"
+POD_NAME_EXTRA: Final = "authentication.kubernetes.io/pod-name"
+"""A TokenReview's ``status.user.extra`` key for a token bound to a pod: the pod (with :data:`POD_UID_EXTRA`)."""
+POD_UID_EXTRA: Final = "authentication.kubernetes.io/pod-uid"
+NODE_NAME_EXTRA: Final = "authentication.kubernetes.io/node-name"
+"""The same for the node the pod runs on (Kubernetes 1.30 and later): the node the NATS auth callout grants."""
+NODE_UID_EXTRA: Final = "authentication.kubernetes.io/node-uid"
+CREDENTIAL_ID_EXTRA: Final = "authentication.kubernetes.io/credential-id"
+"""The same for the token's own id (``JTI=<uuid>``)."""
+
+# --- Quotient: the NATS auth callout ----------------------------------------------------------------------------------
+
+NATS_TOKEN_AUDIENCE: Final = "quotient-nats"
+"""The audience of the agent's projected ServiceAccount token (the DaemonSet's volume) and what the NATS auth callout
+asks the TokenReview for: a token for anything else (the API server's own) is refused, and this one is good for
+nothing but NATS."""
+
+NATS_READER_LABEL: Final = "quotient.dev/nats-reader"
+"""On a pod, ``"true"``: deploy's NetworkPolicy lets it reach the NATS client port (a dashboard, a third-party reader;
+it still needs the reader nkey)."""
 
 # --- Quotient: what the binder records on a pod (read back after a restart) ---------------------------------------
 

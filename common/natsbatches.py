@@ -8,8 +8,11 @@ reconnects with the bus's backoff (``common.retrying``) and re-subscribes, count
 replays after nothing more can be missed. It authenticates with the bus's nkey seed: the server's nonce signed by
 ``common.credentials``, which owns ``nkeys``; the seed itself never leaves the process.
 
-It does not speak TLS and takes no credentials written in the URL: :func:`speaks` says which servers it can reach,
-and the bus uses nats-py's subscriptions (batched the same way) for the others.
+It speaks TLS as the bus's nats-py connection does (``common.natstls``): the handshake first when the bus wants TLS
+(a CA to pin, a ``tls://`` URL), else an upgrade after INFO where the server requires it; the CA file is read at
+every connection, so a rotated one is picked up on the next reconnect. It takes no credentials written in
+the URL and no websockets: :func:`speaks` says which servers it can reach, and the bus uses nats-py's subscriptions
+(batched the same way) for the others.
 """
 
 from __future__ import annotations
@@ -18,13 +21,15 @@ import asyncio
 import contextlib
 import json
 import random
+import ssl
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-from common import credentials, logs, natsframes, retrying, tasks
+from common import credentials, logs, natsframes, natstls, retrying, tasks
 from common.backoff import Backoff
-from common.errors import BusError, BusPermissionDenied, BusUnavailable
+from common.errors import BusError, BusPermissionDenied, BusUnavailable, ConfigError
 from common.messaging import BatchHandler, BusCounters
 
 log = logs.get("natsconn")
@@ -35,9 +40,10 @@ _CLOSE_TIMEOUT_S: Final = 2.0
 
 
 def speaks(url: str) -> bool:
-    """Whether a batched subscription can connect to ``url`` itself: not TLS, no credentials written in the URL."""
-    parts = urlsplit(url)
-    return parts.scheme != "tls" and parts.username is None and parts.password is None
+    """Whether a batched subscription can connect to ``url`` itself: NATS's protocol (``nats://``, ``tls://``), no
+    credentials written in the URL."""
+    parts = urlsplit(url if "://" in url else f"nats://{url}")
+    return parts.scheme in ("nats", "tls") and parts.username is None and parts.password is None
 
 
 class BatchSubscription:
@@ -58,8 +64,12 @@ class BatchSubscription:
         connect_timeout_s: float,
         ping_interval_s: float,
         seed: bytes | None = None,
+        tls_ca: Path | None = None,
+        tls_wanted: bool = False,
     ) -> None:
         self._seed = seed
+        self._tls_ca = tls_ca
+        self._tls_wanted = tls_wanted or natstls.wants_tls(urls=servers, ca=tls_ca)
         self._subject_filters = subject_filters
         self.on_batch = on_batch
         self._servers = servers
@@ -149,19 +159,37 @@ class BatchSubscription:
         reader: natsframes.FrameReader | None = None
         try:
             async with asyncio.timeout(timeout_s):
-                _, protocol = await loop.create_connection(lambda: natsframes.FrameReader(self), host, port)
+                if self._tls_wanted:  # the handshake first: nothing is read or said in clear
+                    _, protocol = await loop.create_connection(
+                        lambda: natsframes.FrameReader(self),
+                        host,
+                        port,
+                        ssl=self._tls_context(),
+                        server_hostname=host,
+                        ssl_handshake_timeout=timeout_s,
+                    )
+                else:
+                    _, protocol = await loop.create_connection(lambda: natsframes.FrameReader(self), host, port)
                 reader = protocol
                 info = await reader.info
-                if info.get("tls_required"):
-                    raise BusUnavailable(f"{url} requires TLS; use a tls:// URL")
+                tls = self._tls_wanted or natstls.upgrade_needed(info, wanted=False, url=url)
+                if tls and not self._tls_wanted:  # a server that requires TLS of a bus that did not ask for it
+                    await reader.start_tls(natstls.client_context(None), server_hostname=host, timeout_s=timeout_s)
                 # Whether this anonymous connection may subscribe (a server with auth_required may still have a
                 # no_auth_user) is the server's to say: it answers -ERR and closes, or PONG.
-                reader.write(self._handshake(info))
+                reader.write(self._handshake(info, tls=tls))
                 await reader.pong
         except asyncio.CancelledError:
             if reader is not None:
                 reader.abort()
             raise
+        except ssl.SSLCertVerificationError as exc:
+            if reader is not None:
+                reader.abort()
+            raise BusUnavailable(
+                f"{url}: the server's certificate is not trusted ({exc.verify_message}): check --nats-ca and that the "
+                f"certificate names {host}"
+            ) from exc
         except (BusError, OSError, TimeoutError) as exc:
             if reader is not None:
                 reader.abort()
@@ -190,13 +218,21 @@ class BatchSubscription:
             return BusPermissionDenied(f"{url} refused {self._name}'s subscription: {text}")
         return BusUnavailable(f"{url} refused {self._name}'s subscription: {text}")
 
-    def _handshake(self, info: Mapping[str, Any]) -> bytes:
+    def _tls_context(self) -> ssl.SSLContext:
+        """A fresh client context, reading the CA file now (a rotated one is picked up); an unreadable file is a
+        ``BusUnavailable`` (retried: mid-rotation the file may be back in a moment)."""
+        try:
+            return natstls.client_context(self._tls_ca)
+        except ConfigError as exc:
+            raise BusUnavailable(str(exc)) from exc
+
+    def _handshake(self, info: Mapping[str, Any], *, tls: bool) -> bytes:
         # verbose off (no +OK per command), headers off (the server sends plain MSG, without any headers), echo on
         # (a message this process publishes elsewhere on the subject is still one to read).
         options = {
             "verbose": False,
             "pedantic": False,
-            "tls_required": False,
+            "tls_required": tls,
             "name": self._name,
             "lang": _CLIENT_NAME_LANG,
             "version": "1",

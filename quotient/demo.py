@@ -1,6 +1,9 @@
 """``quotient demo``: the product on the embedded default, on one machine, in about two minutes.
 
-What it starts (all on 127.0.0.1, all stopped on exit): a real ``nats-server``; the Kubernetes API emulator with the
+What it starts (all on 127.0.0.1, all stopped on exit): a real ``nats-server`` secured as ``deploy/`` secures it
+(fresh keys, deploy's users, and the auth callout that the scheduler serves: each agent process connects with the
+projected token of its node's agent pod and may publish for that node only; ``quotient.demo_nats``); the Kubernetes
+API emulator with the
 demo cluster (``examples/clusters/demo.yaml``: two A100 nodes, an L4 node, a CPU node); emulated GPU nodes, which
 run the processes of the pods the emulated kubelets start, each measured by its own ``quotient agent`` process through
 pynvml over the mock NVML driver (``quotient.nvmlmock``; over ``FakeProbe`` in this process where no C compiler can
@@ -34,8 +37,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from common import clusterspec, command, logs, names, tasks
 from common.errors import QuotientError
 from common.natsconn import NatsBus
-from common.natsserver import NatsServer, free_port
-from quotient import demo_scenario, demo_view
+from common.natsserver import free_port
+from quotient import agentpods, demo_nats, demo_scenario, demo_view
 from quotient.emulator.emulator import Emulator, EmulatorConfig
 from quotient.nodes import EmulatedNodes
 from quotient.nodes_runtime import GpuNodesRuntime
@@ -65,11 +68,21 @@ async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Cal
     spec = clusterspec.load(demo_scenario.DEFAULT_SPEC)
     library = nvml_mock(out)  # before anything starts: under CI=true its absence ends the demo here
     workdir = tempfile.TemporaryDirectory(prefix="quotient-demo-")
-    nats = NatsServer().start()
+    # The agents as processes each hold their node's identity (the auth callout); in this process they share one.
+    secured = demo_nats.start(Path(workdir.name), callout=library is not None)
+    nats = secured.server
     emulator = Emulator(spec, config=EmulatorConfig(scripted_pods=True))
     await emulator.start()
+    gpu_nodes = [node.name for node in spec.nodes if node.gpus]
+    token_files = await agentpods.deploy(emulator, gpu_nodes) if secured.callout else None
     nodes = EmulatedNodes(
-        spec, nats_url=nats.url, interval_s=interval_s, nvml_mock=library, workdir=Path(workdir.name) / "nodes"
+        spec,
+        nats_url=nats.url,
+        nkey_seed=None if secured.callout else secured.seed("agent"),
+        interval_s=interval_s,
+        nvml_mock=library,
+        workdir=Path(workdir.name) / "nodes",
+        token_files=token_files,
     )
     runtime = GpuNodesRuntime(nodes)
     for name in nodes.fakes:
@@ -92,9 +105,8 @@ async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Cal
             str(metrics_port),
             "--metrics-host",
             "127.0.0.1",
-            # Live telemetry: measured headroom, and alerts on NATS that the viewer below prints.
-            "--nats",
-            nats.url,
+            # Live telemetry: measured headroom, and alerts on NATS that the viewer below prints; the auth callout.
+            *secured.scheduler_arguments(),
             "--overuse-grace",
             "3s",
             "--telemetry-stale-floor",
@@ -105,7 +117,7 @@ async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Cal
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     telemetry = demo_view.Telemetry()
-    viewer = NatsBus(servers=nats.url, name="demo-viewer")
+    viewer = NatsBus(servers=nats.url, name="demo-viewer", nkey_seed=secured.seed("reader"))
     notes: list[str] = []
     start = time.monotonic()
     tty = sys.stdout.isatty()
@@ -200,7 +212,8 @@ async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Cal
             if keep and elapsed > duration_s and not steps and not notes[-1].startswith("--keep"):
                 notes.append(
                     f"--keep: still running. kubectl --server {emulator.url} get pods -A ; NATS at {nats.url} "
-                    f"(nats sub 'quotient.v1.>' --server {nats.url}); Ctrl-C stops everything."
+                    f"(nats sub 'quotient.v1.>' --server {nats.url} --nkey {secured.seed('reader')}); Ctrl-C stops "
+                    "everything."
                 )
                 out(notes[-1])
             await asyncio.sleep(0.1)
@@ -223,6 +236,8 @@ async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Cal
             out(f"\nover-consumption alert received on NATS: {demo_view.alert_line(overuse[0])}")
         if failed:
             out("\n" + await gpu_unhealthy_summary(emulator, telemetry, metrics_port, *failed[0]))
+        answers = await asyncio.to_thread(_scrape_all, metrics_port, "quotient_nats_auth_total", ("outcome", "reason"))
+        out(f"\nNATS identities: {demo_nats.auth_summary(answers, callout=secured.callout)}")
         out(
             f"\ndemo finished: {len(bound)} pods bound (the 4-worker gang {gang_state}), "
             f"{telemetry.counts.get('telemetry', 0)} telemetry and {telemetry.counts.get('health', 0)} health "
@@ -304,6 +319,21 @@ def _scrape(port: int, name: str, labels: Mapping[str, str]) -> float | None:
             if sample.name == name and labels.items() <= sample.labels.items():
                 return float(sample.value)
     return None
+
+
+def _scrape_all(port: int, name: str, keys: Sequence[str]) -> dict[str, float]:
+    """Every sample of ``name`` on the scheduler's /metrics, keyed by its ``keys`` labels joined with ``/``."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return {}
+    return {
+        "/".join(sample.labels.get(key, "") for key in keys): float(sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    }
 
 
 def main(argv: Sequence[str]) -> int:

@@ -73,7 +73,9 @@ def render(emulator: Emulator, telemetry: Telemetry, *, elapsed_s: float, notes:
         "",
         f"{'POD':<54} {'QUEUE':<13} {'STATUS':<9} {'NODE':<7} {'GPU':<16} WHY (for pending pods)",
     ]
-    lines += [_pod_line(emulator, pod, groups) for pod in pods if meta_of(pod).get("namespace") != "kube-system"]
+    # The agents' own DaemonSet pods (quotient-system) are the infrastructure, not the workloads the view follows.
+    system = ("kube-system", "quotient-system")
+    lines += [_pod_line(emulator, pod, groups) for pod in pods if meta_of(pod).get("namespace") not in system]
     drivers = ", ".join(sorted({str(m.get("driver_version")) for m in telemetry.nodes.values()})) or "?"
     lines += ["", f"GPU telemetry as a NATS subscriber receives it (driver {drivers}; pod names from the pods' UIDs):"]
     for node in sorted(telemetry.nodes):

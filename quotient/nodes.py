@@ -15,6 +15,7 @@ memory follows scripts, failures are injected. Its agent runs one of two ways:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -38,7 +39,8 @@ class EmulatedNodes:
     """The GPU nodes of ``spec`` as fake nodes with real agents; ``run()`` until cancelled, then ``close()``.
 
     With ``nvml_mock``, each node's agent is a process of its own over that mock driver; its state file, proc tree
-    and log live in ``workdir`` (a temporary directory by default).
+    and log live in ``workdir`` (a temporary directory by default), and a node in ``token_files`` authenticates with
+    the token in its file (its agent pod's, where NATS runs the auth callout).
     """
 
     def __init__(
@@ -51,10 +53,20 @@ class EmulatedNodes:
         clock: Callable[[], int] = time.time_ns,
         nvml_mock: build.MockLibrary | None = None,
         workdir: Path | None = None,
+        token_files: Mapping[str, Path] | None = None,
+        tls_ca: Path | None = None,
     ) -> None:
         self.spec = spec
+        self._interval_s = interval_s
+        self._clock = clock
+        self._agent_tasks: dict[str, asyncio.Task[None]] = {}
+        self._agent_group: asyncio.TaskGroup | None = None
         self.bus = NatsBus(
-            servers=nats_url, name="quotient-emulated-nodes", nkey_seed=nkey_seed, on_reconnect=self._reconnected
+            servers=nats_url,
+            name="quotient-emulated-nodes",
+            nkey_seed=nkey_seed,
+            on_reconnect=self._reconnected,
+            tls_ca=tls_ca,
         )
         self.fakes: dict[str, fakenode.FakeNode] = {}
         self.agents: dict[str, AgentLoop] = {}
@@ -70,7 +82,14 @@ class EmulatedNodes:
             self.fakes[node.name] = fakenode.from_cluster_spec(spec, node=node.name, proc_root=proc_root, clock=clock)
         if nvml_mock is not None and workdir is not None:
             self.processes = AgentProcesses(
-                nvml_mock, self.fakes, workdir=workdir, nats_url=nats_url, nkey_seed=nkey_seed, interval_s=interval_s
+                nvml_mock,
+                self.fakes,
+                workdir=workdir,
+                nats_url=nats_url,
+                nkey_seed=nkey_seed,
+                interval_s=interval_s,
+                token_files=token_files,
+                tls_ca=tls_ca,
             )
             return
         for name, fake in self.fakes.items():
@@ -108,11 +127,38 @@ class EmulatedNodes:
         log.info("emulated_nodes_starting", nodes=len(self.agents), probe="fake")
         try:
             async with asyncio.TaskGroup() as group:
+                self._agent_group = group
                 group.create_task(tasks.guard(self.bus.connect(), name="nats-connect"))
-                for agent in self.agents.values():
-                    group.create_task(agent.run())
+                for name, agent in self.agents.items():
+                    self._agent_tasks[name] = group.create_task(agent.run())
         finally:
+            self._agent_group = None
+            self._agent_tasks.clear()
             await self.bus.close()
+
+    async def restart_agent(self, node: str, *, down_s: float = 0.0) -> None:
+        """Stop ``node``'s agent, wait ``down_s`` and start a new one in its place (a new boot, its health known
+        afresh), as a restarted agent process comes back. In-process agents only, while ``run()`` runs."""
+        task, group = self._agent_tasks.get(node), self._agent_group
+        if task is None or group is None:
+            raise ValueError(f"no in-process agent of node {node!r} is running")
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(down_s)
+        fake = self.fakes[node]
+        agent = AgentLoop(
+            node=node,
+            probe=fake.probe,
+            pods=PodMapper(fake.proc_root),
+            bus=self.bus,
+            metrics=AgentMetrics(node=node),
+            interval_s=self._interval_s,
+            clock_ns=self._clock,
+        )
+        self.agents[node] = agent
+        self._agent_tasks[node] = group.create_task(agent.run())
+        log.info("emulated_agent_restarted", node=node, boot=agent.boot)
 
     def close(self) -> None:
         for fake in self.fakes.values():
@@ -130,6 +176,13 @@ SETTINGS: tuple[Setting[object], ...] = (
         parse=config.parse_existing_file,
         default=None,
         help="agent nkey seed file",
+        metavar="FILE",
+    ),
+    Setting(
+        name="nats_ca",
+        parse=config.parse_existing_file,
+        default=None,
+        help="the CA that NATS servers' certificates must be signed by (PEM); TLS is used whatever the URL says",
         metavar="FILE",
     ),
     Setting(name="interval", parse=config.parse_positive_duration_s, default=1.0, help="sampling interval"),
@@ -158,6 +211,7 @@ async def _serve(values: Mapping[str, object]) -> None:
         nkey_seed=Path(str(seed)) if seed is not None else None,
         interval_s=float(str(values["interval"])),
         nvml_mock=library,
+        tls_ca=Path(str(values["nats_ca"])) if values.get("nats_ca") is not None else None,
     )
     try:
         await nodes.run()

@@ -58,9 +58,13 @@ def agent_arguments(
     interval_s: float,
     proc_root: Path,
     metrics_port: int = 0,
+    token_file: Path | None = None,
+    tls_ca: Path | None = None,
 ) -> list[str]:
     """The ``quotient agent`` arguments of an emulated node, and the one place that says how such an agent connects
-    and authenticates (the agent role's nkey seed where NATS asks for one)."""
+    and authenticates: with its node's own identity where NATS runs the auth callout (``token_file``, the projected
+    token of the node's agent pod, ``quotient.agentpods``), else with the agent role's nkey seed where NATS asks for
+    one."""
     arguments = [
         "--node",
         node,
@@ -75,13 +79,18 @@ def agent_arguments(
         "--metrics-host",
         "127.0.0.1",
     ]
-    if nkey_seed is not None:
+    if token_file is not None:
+        arguments += ["--nats-token-file", str(token_file)]
+    elif nkey_seed is not None:
         arguments += ["--nats-nkey-seed", str(nkey_seed)]
+    if tls_ca is not None:
+        arguments += ["--nats-ca", str(tls_ca)]
     return arguments
 
 
 class AgentProcesses:
-    """The agent processes of ``fakes`` (node name -> fake node), each over its own state file in ``workdir``."""
+    """The agent processes of ``fakes`` (node name -> fake node), each over its own state file in ``workdir``; a node
+    in ``token_files`` connects with the token in its file, the others with ``nkey_seed``."""
 
     def __init__(
         self,
@@ -92,6 +101,8 @@ class AgentProcesses:
         nats_url: str,
         nkey_seed: Path | None,
         interval_s: float,
+        token_files: Mapping[str, Path] | None = None,
+        tls_ca: Path | None = None,
     ) -> None:
         self.library = library
         self._workdir = workdir
@@ -101,7 +112,13 @@ class AgentProcesses:
         }
         self._arguments = {
             name: agent_arguments(
-                node=name, nats_url=nats_url, nkey_seed=nkey_seed, interval_s=interval_s, proc_root=fake.proc_root
+                node=name,
+                nats_url=nats_url,
+                nkey_seed=nkey_seed,
+                interval_s=interval_s,
+                proc_root=fake.proc_root,
+                token_file=(token_files or {}).get(name),
+                tls_ca=tls_ca,
             )
             for name, fake in fakes.items()
         }

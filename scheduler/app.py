@@ -31,6 +31,7 @@ from scheduler.alerts import AlertSink
 from scheduler.dispatch import Dispatcher
 from scheduler.kube import binding, client, events, grouper, kubeapi, leases, statuswriter, watches
 from scheduler.metrics import CONTENT_TYPE, SchedulerMetrics
+from scheduler.natsauth import callout
 from scheduler.placement import engine
 from scheduler.settings import SETTINGS, Settings, settings_from
 from scheduler.state import cache, snapshot
@@ -222,13 +223,16 @@ def _endpoint(
     )
 
 
-async def _connect_nats(bus: NatsBus) -> None:
-    """Connect (retrying with backoff for as long as it takes) and declare the telemetry stream."""
+async def _connect_nats(bus: NatsBus, auth_callout: callout.CalloutService | None = None) -> None:
+    """Connect (retrying with backoff for as long as it takes), declare the telemetry stream, and serve the auth
+    callout where this replica has its key (every replica does: agents connect whoever leads)."""
     await bus.connect()
     try:
         await bus.declare_telemetry_stream()
     except BusError as exc:
         log.error("telemetry_stream_not_declared", error=str(exc))
+    if auth_callout is not None:
+        await auth_callout.start(bus)
 
 
 async def serve(settings: Settings) -> None:
@@ -252,9 +256,16 @@ async def serve(settings: Settings) -> None:
                 servers=settings.nats,
                 name=f"quotient-scheduler-{settings.election.identity}",
                 nkey_seed=settings.nats_seed,
+                tls_ca=settings.nats_ca,
+                stream_replicas=settings.telemetry_stream_replicas,
             )
             decisions = audit.DecisionPublisher(bus, identity=settings.election.identity)
-            side.spawn(_connect_nats(bus), name="nats")
+            auth_callout = (
+                callout.CalloutService(api=api, settings=settings.nats_callout, registry=metrics.registry)
+                if settings.nats_callout is not None
+                else None
+            )
+            side.spawn(_connect_nats(bus, auth_callout), name="nats")
         # Every replica serves the admission webhook (a standby too: pod creation must not wait for an election).
         if settings.webhook.enabled:
             serving = await startup.start_webhook(api, settings.webhook, scheduler_names=settings.scheduler_names)

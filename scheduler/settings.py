@@ -19,6 +19,7 @@ from common import config, names, quantities
 from common.config import Setting
 from common.errors import ConfigError
 from scheduler.kube import leases, reservations, webhook
+from scheduler.natsauth import callout
 from scheduler.placement import model
 from scheduler.telemetry import live, overuse
 from scheduler.telemetry.feed import consumer
@@ -29,6 +30,13 @@ def _names(raw: object) -> tuple[str, ...]:
     if not names:
         raise ValueError("at least one scheduler name is needed")
     return names
+
+
+def _stream_replicas(raw: object) -> int:
+    text = str(raw).strip()
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 5:
+        raise ValueError(f"{raw!r} is not a replica count within 1..5 (JetStream's limit)")
+    return int(text)
 
 
 def _bytes(raw: object) -> int:
@@ -292,7 +300,21 @@ SETTINGS: tuple[Setting[object], ...] = (
     Setting(
         name="nats_nkey_seed", parse=config.parse_existing_file, default=None, help="the scheduler's nkey seed file"
     ),
+    Setting(
+        name="nats_ca",
+        parse=config.parse_existing_file,
+        default=None,
+        help="the CA that NATS servers' certificates must be signed by (PEM); TLS is used whatever the URL says",
+    ),
+    Setting(
+        name="telemetry_stream_replicas",
+        parse=_stream_replicas,
+        default=1,
+        help="copies of the QUOTIENT_TELEMETRY stream the scheduler declares: 1 for one NATS server, 3 for a "
+        "cluster of three (deploy)",
+    ),
     *TELEMETRY_SETTINGS,
+    *callout.SETTINGS,
     Setting(name="metrics_port", parse=config.parse_port, default=8080, help="port of /metrics and /healthz (0: off)"),
     Setting(name="metrics_host", parse=config.parse_str, default="0.0.0.0", help="address /metrics listens on"),
     Setting(name="leader_elect", parse=config.parse_bool, default=True, help="elect a leader through a Lease"),
@@ -351,6 +373,12 @@ class Settings:
     """The telemetry analysis (over-consumption, staleness, headroom); used when ``nats`` is set."""
     telemetry_feed: consumer.ConsumerConfig = dataclasses.field(default_factory=consumer.ConsumerConfig)
     """The telemetry consumer: the clock skew it allows, how long a publisher counts as live (the staleness floor)."""
+    nats_callout: callout.CalloutSettings | None = None
+    """The NATS auth callout this replica serves (``--nats-callout-issuer-seed``), or None."""
+    nats_ca: Path | None = None
+    """The CA pinned for TLS to NATS (``--nats-ca``)."""
+    telemetry_stream_replicas: int = 1
+    """The ``QUOTIENT_TELEMETRY`` stream's replicas (``--telemetry-stream-replicas``)."""
 
 
 def settings_from(values: Mapping[str, object]) -> Settings:
@@ -392,8 +420,11 @@ def settings_from(values: Mapping[str, object]) -> Settings:
         watch_timeout_s=max(1, int(float(str(values["watch_timeout"])))),
         nats=str(values["nats"]) if values["nats"] else None,
         nats_seed=Path(str(values["nats_nkey_seed"])) if values["nats_nkey_seed"] else None,
+        nats_ca=Path(str(values["nats_ca"])) if values.get("nats_ca") else None,
+        telemetry_stream_replicas=int(str(values.get("telemetry_stream_replicas") or 1)),
         engine_config=engine_config,
         webhook=webhook_settings_from(values),
+        nats_callout=callout.settings_from(values),
         reservation=reservation_settings_from(values),
         telemetry=live_settings_from(values, queue_label=str(values["queue_label"])),
         telemetry_feed=consumer.ConsumerConfig(

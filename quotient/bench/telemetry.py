@@ -8,7 +8,9 @@ stays cheap) through a real nats-server with the ``QUOTIENT_TELEMETRY`` stream d
 for what the scheduler pays for: reading the socket, the bus's batched subscription, the consumer's batching,
 msgspec decoding, the sequence gate and the state update. By default the publisher paces itself at the budget
 (``--nodes`` x ``--hz``); ``--rate 0`` publishes as fast as it can, which shows the ceiling of the whole machine
-rather than of the consumer.
+rather than of the consumer. With ``--tls`` the server serves TLS only (a CA and certificate made for the run by
+``quotient.natscerts``), and both the publisher and the consumer's fast path speak it, with the CA pinned, as deploy
+runs them: the consumer's figures then include decrypting every byte.
 
 Figures (one JSON object on stdout), measured over ``--window-s`` after ``--warmup-s``:
 
@@ -47,6 +49,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -55,6 +58,7 @@ from typing import Final
 from common import command, quantities, wire
 from common.natsconn import NatsBus
 from common.natsserver import NatsServer
+from quotient import natscerts
 from quotient.bench import telemetryalerts, telemetryload
 from scheduler.telemetry.feed import consumer
 
@@ -121,7 +125,7 @@ def _crossing_span_s(args: argparse.Namespace) -> tuple[float, float]:
     return args.warmup_s + interval_s, args.warmup_s + args.window_s - args.grace_s - 3 * interval_s
 
 
-def _plan(args: argparse.Namespace, url: str) -> telemetryload.PublisherPlan:
+def _plan(args: argparse.Namespace, url: str, *, ca: Path | None = None) -> telemetryload.PublisherPlan:
     interval_s = 1 / args.hz
     rate = round(args.nodes * args.hz) if args.rate is None else args.rate
     first_s, last_s = _crossing_span_s(args)
@@ -136,18 +140,23 @@ def _plan(args: argparse.Namespace, url: str) -> telemetryload.PublisherPlan:
         interval_ms=round(1000 * interval_s),
         duration_s=args.warmup_s + args.window_s + 1.0,
         crossings={i: first_s + k * step_s for k, i in enumerate(nodes)},
+        ca=str(ca) if ca is not None else None,
     )
 
 
 async def _measure(args: argparse.Namespace) -> dict[str, object]:
     interval_s = 1 / args.hz
     grace_ns = round(args.grace_s * NS_PER_S)
-    with NatsServer() as server:
-        plan = _plan(args, server.url)
+    with (
+        tempfile.TemporaryDirectory(prefix="quotient-bench-tls-") as certs,
+        NatsServer(tls=natscerts.for_loopback(Path(certs) / "tls") if args.tls else None) as server,
+    ):
+        ca = server.tls.ca if server.tls is not None else None
+        plan = _plan(args, server.url, ca=ca)
         views = telemetryalerts.views(plan)
         detector = telemetryalerts.make_detector(grace_ns=grace_ns)
         alerts = telemetryalerts.Alerts()
-        bus = NatsBus(servers=server.url, name="bench-telemetry-consumer")
+        bus = NatsBus(servers=server.url, name="bench-telemetry-consumer", tls_ca=ca)
         await bus.connect_once()
         telemetry = consumer.TelemetryConsumer(bus=bus)
         task = asyncio.create_task(telemetry.run())
@@ -270,6 +279,7 @@ async def _measure(args: argparse.Namespace) -> dict[str, object]:
             "decode_only_msgs_per_second": round(decode_rate),
             "ingest_only_msgs_per_second": round(ingest_rate),
         },
+        "tls": args.tls,
         "nodes": args.nodes,
         "devices": args.devices,
         "processes": args.processes,
@@ -294,6 +304,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--window-s", type=float, default=5.0)
     parser.add_argument("--grace-s", type=float, default=1.0, help="the over-consumption grace period")
     parser.add_argument("--crossings", type=int, default=50, help="pods that go over their allotment in the window")
+    parser.add_argument(
+        "--tls", action="store_true", help="the server serves TLS only; publisher and consumer speak it (CA pinned)"
+    )
     return parser
 
 
@@ -318,7 +331,8 @@ def run(argv: Sequence[str]) -> dict[str, object]:
     rate = args.rate if args.rate is not None else round(args.nodes * args.hz)
     print(
         f"telemetry bench: {args.nodes} nodes x {args.devices} GPUs x {args.processes} processes at {args.hz} Hz, "
-        f"rate {rate or 'max'}, window {args.window_s}s, grace {args.grace_s}s, {args.crossings} crossings",
+        f"rate {rate or 'max'}, window {args.window_s}s, grace {args.grace_s}s, {args.crossings} crossings"
+        f"{', TLS' if args.tls else ''}",
         file=sys.stderr,
     )
     result: dict[str, object] = {}

@@ -21,9 +21,11 @@ import struct
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Final
+from urllib.parse import urlsplit
 
-from common import command, quantities, subjects, wire
+from common import command, natstls, quantities, subjects, wire
 
 GIB: Final = quantities.GIB
 # Both are encoded as msgpack uint64 (0xcf and 8 bytes) when at least 2**32, so they can be patched in place.
@@ -146,6 +148,8 @@ class PublisherPlan:
     interval_ms: int
     duration_s: float
     crossings: Mapping[int, float]
+    ca: str | None = None
+    """With a ``tls://`` URL: the CA to pin (the connection is upgraded after INFO, as every NATS client does)."""
 
 
 async def publish(plan: PublisherPlan) -> None:
@@ -170,8 +174,11 @@ async def publish(plan: PublisherPlan) -> None:
     templates = [payload for _, payload in under]
     offsets = [patch_offsets(payload) for payload in templates]
     headers = [f"PUB {subject} {len(payload)}\r\n".encode() for subject, payload in under]
-    host, _, port = plan.url.removeprefix("nats://").rpartition(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
+    url = urlsplit(plan.url)
+    host, port = url.hostname or "127.0.0.1", url.port or 4222
+    # TLS as Quotient's clients speak it: the handshake first, the CA pinned (common.natstls).
+    context = natstls.client_context(Path(plan.ca) if plan.ca else None) if url.scheme == "tls" else None
+    reader, writer = await asyncio.open_connection(host, port, ssl=context, server_hostname=host if context else None)
     info = await reader.readline()
     if not info.startswith(b"INFO "):
         raise RuntimeError(f"not a NATS server at {plan.url}: {info!r}")

@@ -19,6 +19,7 @@ the official ``kubernetes`` client and ``kubectl``, as against a cluster. Module
   (kubelet admission), ``podenv`` (container environments), ``podstatus`` (what a kubelet writes), ``runtime``
   (the ``ContainerRuntime`` seam to emulated GPU nodes), ``reservations`` (reservation pods report their GPU);
   ``faults`` (injected errors and delays).
-- ``access`` (authentication, RBAC and the record of each user's requests), ``authn`` (tokens and users), ``rbac``
-  (the API server's RBAC decision, pure).
+- ``access`` (authentication, RBAC and the record of each user's requests), ``authn`` (tokens and users, tokens
+  bound to pods), ``rbac`` (the API server's RBAC decision, pure), ``tokenreview`` (``TokenReview``), ``projection``
+  (the kubelets' projected ServiceAccount tokens).
 """

@@ -23,7 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from common import logs
-from quotient.emulator import authn, discovery, rbac, routing, status
+from quotient.emulator import authn, discovery, projection, rbac, routing, status
 from quotient.emulator.objects import Obj, metadata, timestamp
 from quotient.emulator.store import Store
 
@@ -73,7 +73,7 @@ class Access:
     def __init__(self, store: Store, *, clock: Callable[[], float]) -> None:
         self._store = store
         self._clock = clock
-        self.tokens = authn.Tokens(clock=clock, account_exists=self._account_exists)
+        self.tokens = authn.Tokens(clock=clock, account_exists=self._account_exists, pod_exists=self._pod_exists)
         self._served: dict[str, set[Asked]] = {}
         self._refused: dict[str, dict[Asked, str]] = {}
 
@@ -164,20 +164,39 @@ class Access:
                 group="authentication.k8s.io",
             )
         audiences = [str(audience) for audience in spec.get("audiences") or [] if isinstance(audience, str)]
+        ref = spec.get("boundObjectRef")
+        pod = projection.bound_pod(self._store, namespace, ref) if isinstance(ref, dict) else None
+        if isinstance(pod, status.Failure):
+            return pod
         token, expires_at_s = self.tokens.issue_for_account(
-            namespace, name, str(metadata(account).get("uid") or ""), expiration_s=expiration, audiences=audiences
+            namespace,
+            name,
+            str(metadata(account).get("uid") or ""),
+            expiration_s=expiration,
+            audiences=audiences,
+            pod=pod,
         )
         return {
             "kind": "TokenRequest",
             "apiVersion": TOKEN_REQUEST_VERSION,
             "metadata": {"name": name, "namespace": namespace, "creationTimestamp": timestamp(self._clock())},
-            "spec": {"audiences": audiences or [authn.ISSUER], "expirationSeconds": expiration, "boundObjectRef": None},
+            "spec": {
+                "audiences": audiences or [authn.ISSUER],
+                "expirationSeconds": expiration,
+                "boundObjectRef": (
+                    {"kind": "Pod", "apiVersion": "v1", "name": pod.name, "uid": pod.uid} if pod is not None else None
+                ),
+            },
             "status": {"token": token, "expirationTimestamp": timestamp(expires_at_s)},
         }
 
     def _account_exists(self, namespace: str, name: str, uid: str) -> bool:
         account = self._store.get("serviceaccounts", namespace, name)
         return account is not None and metadata(account).get("uid") == uid
+
+    def _pod_exists(self, namespace: str, name: str, uid: str) -> bool:
+        pod = self._store.get("pods", namespace, name)
+        return pod is not None and metadata(pod).get("uid") == uid
 
 
 def attributes_of(user: authn.User, verb: str, target: routing.Target, query: Mapping[str, str]) -> rbac.Attributes:

@@ -26,7 +26,7 @@ from typing import TypeVar
 import yaml
 
 from common import clusterspec, logs, tasks
-from quotient.emulator import access, authn, cluster, crds, defaulting, status
+from quotient.emulator import access, authn, cluster, crds, defaulting, projection, status
 from quotient.emulator.admission import Webhooks
 from quotient.emulator.api import Api
 from quotient.emulator.controllers import Controllers
@@ -86,6 +86,9 @@ class Emulator:
         self.server = Server(
             api=self.api, hub=self.hub, faults=self.faults, hooks=self, config=config.server, clock=clock
         )
+        # The kubelets project ServiceAccount tokens bound to their pods (``projection``), issued by the server.
+        self.projections = projection.Projections(tokens=self.server.access.tokens, store=self.store, clock=clock)
+        self.kubelets.projections = self.projections
         self._tasks = tasks.TaskSet("emulator")
         self._started = False
 
@@ -112,6 +115,7 @@ class Emulator:
 
     async def stop(self) -> None:
         self.kubelets.close()
+        self.projections.close()
         await self.reservation_agent.close()
         await self.server.stop()
         await self._tasks.cancel()
@@ -249,6 +253,15 @@ class Emulator:
         if isinstance(issued, status.Failure):
             raise LookupError(issued.message)
         return str(issued["status"]["token"])
+
+    def projected_token_path(self, namespace: str, pod: str, volume: str, path: str = "token") -> Path | None:
+        """Where the pod's kubelet writes ``path`` of its projected token ``volume`` (``projection``): the file a
+        process standing in for the pod's container reads; None when there is no such pod. The file exists while
+        the pod runs."""
+        found = self.store.get("pods", namespace, pod)
+        if found is None:
+            return None
+        return self.projections.path(str(metadata(found).get("uid")), volume, path)
 
     def static_token(self, user: str, groups: Sequence[str] = ()) -> str:
         """A token for any user name (a service account's too, whether it exists or not), as the API server's

@@ -196,6 +196,9 @@ BUILTIN_KINDS: tuple[Kind, ...] = (
           "ValidatingWebhookConfiguration", namespaced=False, sub=()),
     _kind("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", namespaced=False,
           short=("crd", "crds")),
+    # Authentication (``tokenreview``): create only, nothing stored
+    dataclasses.replace(_kind("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", namespaced=False, sub=()),
+                        verbs=("create",)),
     # RBAC (``rbac``): what a service account's token may do
     _kind("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False, sub=()),
     _kind("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", namespaced=False, sub=()),

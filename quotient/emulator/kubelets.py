@@ -41,6 +41,7 @@ from quotient.emulator.objects import (
     is_deleting,
     metadata,
 )
+from quotient.emulator.projection import Projections
 from quotient.emulator.runtime import ContainerRuntime, PodLaunch
 from quotient.emulator.store import Change, EventType
 
@@ -95,6 +96,8 @@ class Kubelets:
         self.device_plugin = DevicePlugin(
             gpus_of=lambda node: self._allocatable(node).get(names.GPU_RESOURCE, 0), gpu_uuids=gpu_uuids
         )
+        self.projections: Projections | None = None
+        """The projected ServiceAccount tokens of the pods that run (``projection``), when the emulator wires them."""
         self.store.subscribe(self._on_change)
 
     @property
@@ -311,9 +314,13 @@ class Kubelets:
             started_ns=self._clock_ns(),
         )
         admitted.launch = launch
+        if self.projections is not None:
+            self.projections.start(pod, node=node.name)
         self._tell_runtimes(launch, start=True)
 
     def _stop_runtime(self, admitted: _Admitted) -> None:
+        if self.projections is not None:
+            self.projections.stop(admitted.uid)
         launch, admitted.launch = admitted.launch, None
         if launch is not None:
             self._tell_runtimes(launch, start=False)

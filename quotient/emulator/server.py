@@ -30,6 +30,7 @@ from quotient.emulator import (
     selectors,
     status,
     testhooks,
+    tokenreview,
     views,
     watching,
 )
@@ -173,7 +174,7 @@ class Server:
                 return failure_response(status.method_not_allowed("create a namespaced object under /namespaces/NAME/"))
             return failure_response(routing.NOT_FOUND)
         verb = routing.verb(request, target)
-        if verb is None:
+        if verb is None or (not target.subresource and verb not in kind.verbs):
             return failure_response(status.method_not_allowed(f"the server does not allow {request.method} here"))
         injected = await self._fault(
             request,
@@ -316,6 +317,9 @@ class Server:
         if target.subresource == "token":
             issued = self.access.token_request(target.namespace, target.name, body)
             return failure_response(issued) if isinstance(issued, status.Failure) else json_response(issued, 201)
+        if kind.group == tokenreview.GROUP and kind.plural == tokenreview.PLURAL:
+            reviewed = tokenreview.review(self.access.tokens, body, now_s=self.clock())
+            return failure_response(reviewed) if isinstance(reviewed, status.Failure) else json_response(reviewed, 201)
         if target.subresource == "eviction":
             evicted = await self.api.evict(kind, target.namespace, target.name, body)
             return failure_response(evicted) if isinstance(evicted, status.Failure) else json_response(evicted, 201)

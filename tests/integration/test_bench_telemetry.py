@@ -37,3 +37,15 @@ def test_the_bench_reports_rate_cpu_latency_and_memory_with_every_crossing_alert
 def test_a_window_too_short_for_the_grace_is_refused_before_anything_starts() -> None:
     with pytest.raises(SystemExit, match="too short"):
         telemetry.run(["--window-s=1", "--grace-s=2"])
+
+
+def test_the_bench_over_tls_reports_the_same_figures_with_every_crossing_alerted() -> None:
+    result = telemetry.run(
+        ["--nodes=40", "--hz=10", "--warmup-s=0.5", "--window-s=2", "--grace-s=0.3", "--crossings=4", "--tls"]
+    )
+
+    assert result["tls"] is True
+    assert isinstance(result["msgs_per_second_one_core"], int)
+    assert result["alerts_expected"] == 4 and result["alerts_missing"] == 0
+    assert result["rejected_total"] == 0 and result["lost_in_transport"] == 0
+    assert result["nodes_held"] == 40

@@ -59,6 +59,14 @@ def test_the_demo_plays_its_scenario_and_exits_zero_leaving_no_process_behind() 
         assert f"driver {mock.profile.driver_version}" in out  # the telemetry's driver version, as a reader sees it
         for pid in agents.group(1).split(","):
             assert not Path(f"/proc/{pid}").exists(), f"the demo's agent process {pid} outlived it"
+        # Each agent process as its own node, through the auth callout the scheduler serves (issue 13).
+        identities = re.search(
+            r"each agent connected as its own node through the NATS auth callout \((\d+) connections "
+            r"granted, refused: none\)",
+            out,
+        )
+        assert identities is not None and int(identities.group(1)) >= 3, out[-2000:]
     else:
         assert out.count("no mock NVML driver") == 1 and "agents in one process over FakeProbe" in out
+        assert "agents shared the NATS agent nkey" in out
     assert not Path(workdir).exists(), "the demo left its temporary directory behind"

@@ -2,8 +2,9 @@
 
 Schema validity (strict: unknown fields fail, so a misspelt ``hostPid`` cannot pass) is necessary but says nothing
 about intent; the semantic checks below pin what the agent and NATS need and why: the agent sees host pids through
-a read-only /proc, knows its node from the downward API, reads its nkey seed from the Secret that ``quotient
-nats-keys`` makes, and the NATS server gets its config and the users' keys from where the other pieces put them.
+a read-only /proc, knows its node from the downward API, sends NATS the projected token the auth callout checks (or,
+in the static-nkeys overlay, reads its nkey seed from the Secret that ``quotient nats-keys`` makes), and the NATS
+server gets its config and the keys from where the other pieces put them.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import argparse
 import re
 import subprocess
 from collections.abc import Mapping, Sequence
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -31,7 +32,17 @@ BASE = REPO / "deploy" / "base"
 NAMESPACE = "quotient-system"
 KUBERNETES_VERSION = "1.32"
 # The flags of `quotient agent` that deploy may pass (agent/app.py accepts more: --fake-gpus is for emulated nodes).
-AGENT_FLAGS = {"--node", "--nats", "--nats-nkey-seed", "--interval", "--metrics-port", "--proc-root", "--dcgm-names"}
+AGENT_FLAGS = {
+    "--node",
+    "--nats",
+    "--nats-token-file",
+    "--nats-nkey-seed",
+    "--nats-ca",
+    "--interval",
+    "--metrics-port",
+    "--proc-root",
+    "--dcgm-names",
+}
 
 Obj = dict[str, Any]
 
@@ -163,28 +174,64 @@ def test_the_agent_knows_its_node_from_the_downward_api(agent: Obj) -> None:
     assert _flags(container)["--node"] == "$(NODE_NAME)"
 
 
-def test_the_agent_reads_its_nkey_seed_from_the_secret_that_nats_keys_makes(agent: Obj) -> None:
+def test_the_agent_sends_nats_a_projected_token_for_the_callouts_audience_from_where_it_reads_it(agent: Obj) -> None:
+    from scheduler.natsauth import callout
+
     container = _container(agent, "agent")
-    seed_path = PurePosixPath(_flags(container)["--nats-nkey-seed"])
+    volume = _volume(agent, "nats-token")["projected"]
+    [source] = [source["serviceAccountToken"] for source in volume["sources"]]
+    mount = _mount_of(container, "nats-token")
+    defaults = {setting.name: setting.default for setting in callout.SETTINGS}
 
-    secret = _volume(agent, "nats-seed")["secret"]
-    assert secret["secretName"] == natskeys.seed_secret_name("agent")
-    assert secret["items"] == [{"key": natskeys.SEED_KEY, "path": seed_path.name}]
-    # Readable by the agent's group (fsGroup), by no one else.
-    assert secret["defaultMode"] & 0o007 == 0
-    assert agent["spec"]["template"]["spec"]["securityContext"]["fsGroup"] is not None
-    mount = _mount_of(container, "nats-seed")
+    # No flag: the agent's default token path is where the volume is mounted, and the seed flag would override it.
+    assert "--nats-token-file" not in _flags(container) and "--nats-nkey-seed" not in _flags(container)
+    assert PurePosixPath(mount["mountPath"]) / source["path"] == PurePosixPath(str(agent_app.DEFAULT_TOKEN_FILE))
     assert mount["readOnly"] is True
-    assert PurePosixPath(mount["mountPath"]) == seed_path.parent
+    assert source["audience"] == defaults["nats_callout_audience"] == names.NATS_TOKEN_AUDIENCE
+    assert 600 <= source["expirationSeconds"] <= 24 * 3600
+    # Readable by the agent's group (fsGroup), by no one else.
+    assert volume["defaultMode"] & 0o007 == 0
+    assert agent["spec"]["template"]["spec"]["securityContext"]["fsGroup"] is not None
+    namespace, _, account = str(defaults["nats_callout_agent_account"]).partition("/")
+    assert (agent["metadata"]["namespace"], agent["spec"]["template"]["spec"]["serviceAccountName"]) == (
+        namespace,
+        account,
+    )
 
 
-def test_the_agent_dials_the_nats_service(agent: Obj, rendered: list[Obj]) -> None:
-    url = urlsplit(_flags(_container(agent, "agent"))["--nats"])
-    service = _one(rendered, "Service", "quotient-nats")
+def _assert_dials_every_nats_server_over_tls_with_the_ca_pinned(
+    workload: Obj, container: Obj, rendered: list[Obj]
+) -> None:
+    """``--nats`` lists every pod of the NATS StatefulSet by its name under the headless Service, over TLS, on the
+    client port; ``--nats-ca`` is the CA the ConfigMap of ``quotient nats-keys`` holds, mounted read-only."""
+    from quotient import natscerts
 
-    assert url.scheme == "nats"
-    assert url.hostname == f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
-    assert url.port in [port["port"] for port in service["spec"]["ports"] if port["name"] == "client"]
+    flags = _flags(container)
+    nats = _one(rendered, "StatefulSet", "quotient-nats")
+    headless = _one(rendered, "Service", nats["spec"]["serviceName"])
+    namespace = nats["metadata"]["namespace"]
+    client_port = next(p["containerPort"] for p in _container(nats, "nats")["ports"] if p["name"] == "client")
+    urls = [urlsplit(url) for url in flags["--nats"].split(",")]
+
+    assert [url.scheme for url in urls] == ["tls"] * nats["spec"]["replicas"]
+    assert [url.hostname for url in urls] == [
+        f"quotient-nats-{i}.{headless['metadata']['name']}.{namespace}.svc" for i in range(nats["spec"]["replicas"])
+    ]
+    assert {url.port for url in urls} == {client_port}
+    # The certificate (quotient nats-keys's; cert-manager's carries the same names) covers every name dialled.
+    patterns = natscerts.dns_names(namespace)
+    for url in urls:
+        assert f"*.{url.hostname.partition('.')[2]}" in patterns
+    ca_path = PurePosixPath(flags["--nats-ca"])
+    volume = _volume(workload, "nats-ca")
+    mount = _mount_of(container, "nats-ca")
+    assert volume["configMap"]["name"] == natskeys.CA_CONFIG_MAP
+    assert volume["configMap"]["items"] == [{"key": "ca.crt", "path": ca_path.name}]
+    assert mount["readOnly"] is True and PurePosixPath(mount["mountPath"]) == ca_path.parent
+
+
+def test_the_agent_dials_every_nats_server_over_tls_with_the_ca_pinned(agent: Obj, rendered: list[Obj]) -> None:
+    _assert_dials_every_nats_server_over_tls_with_the_ca_pinned(agent, _container(agent, "agent"), rendered)
 
 
 def test_the_agent_has_small_resource_requests_and_limits(agent: Obj) -> None:
@@ -254,13 +301,18 @@ def test_the_nats_config_map_holds_the_committed_config_files_unchanged(nats: Ob
 
 
 def test_the_nats_server_gets_every_user_key_that_auth_conf_reads_from_the_users_secret(nats: Obj) -> None:
-    auth_conf = (BASE / "nats" / "auth.conf").read_text()
     secrets = list(yaml.safe_load_all(natskeys.render_secrets(NAMESPACE)))
     users = _one(secrets, "Secret", natskeys.USERS_SECRET)
 
-    read = set(re.findall(r"^\s*nkey:\s*\$(\w+)\s*$", auth_conf, flags=re.MULTILINE))
-    assert read == {natskeys.env_name(role) for role in natskeys.ROLES}
-    assert read == set(users["stringData"])
+    read = {
+        path.parent.name: set(re.findall(r"^\s*(?:nkey|issuer):\s*\$(\w+)\s*$", path.read_text(), flags=re.MULTILINE))
+        for path in (BASE / "nats" / "auth.conf", OVERLAY_STATIC_NKEYS / "auth.conf")
+    }
+    # The base: the scheduler and readers, and the callout's issuer; the agents come through the callout.
+    assert read["nats"] == {natskeys.env_name(role) for role in ("scheduler", "reader", natskeys.CALLOUT)}
+    # Without the callout: the three users, the agents sharing one.
+    assert read["static-nkeys"] == {natskeys.env_name(role) for role in natskeys.ROLES}
+    assert read["nats"] | read["static-nkeys"] == set(users["stringData"])
     assert {"secretRef": {"name": natskeys.USERS_SECRET}} in _container(nats, "nats")["envFrom"]
 
 
@@ -274,12 +326,19 @@ def test_the_nats_server_keeps_jetstream_on_its_volume_and_listens_where_the_ser
     monitor_port = re.search(r"^http_port:\s*(\d+)\s*$", nats_conf, flags=re.MULTILINE)
     assert store_dir and client_port and monitor_port
 
-    assert nats["spec"]["replicas"] == 1
+    cluster_port = re.search(r"^cluster \{.*?^\s*port:\s*(\d+)\s*$", nats_conf, flags=re.MULTILINE | re.DOTALL)
+    assert cluster_port
+
+    assert nats["spec"]["replicas"] == 3
     claims = [claim["metadata"]["name"] for claim in nats["spec"]["volumeClaimTemplates"]]
     assert claims == ["data"]
     assert _mount_of(container, "data")["mountPath"] == store_dir.group(1)
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
-    assert ports == {"client": int(client_port.group(1)), "monitor": int(monitor_port.group(1))}
+    assert ports == {
+        "client": int(client_port.group(1)),
+        "cluster": int(cluster_port.group(1)),
+        "monitor": int(monitor_port.group(1)),
+    }
     service = _one(rendered, "Service", "quotient-nats")
     assert service["spec"]["selector"].items() <= nats["spec"]["template"]["metadata"]["labels"].items()
     assert {(port["port"], port["targetPort"]) for port in service["spec"]["ports"]} == {
@@ -308,6 +367,7 @@ def test_the_nats_server_runs_unprivileged_with_a_read_only_root(nats: Obj) -> N
 # own CRDs (as rendered), made strict the way the API server's field validation is (an unknown field fails).
 
 OVERLAY_KAI = REPO / "deploy" / "overlays" / "kai-compat"
+OVERLAY_STATIC_NKEYS = REPO / "deploy" / "overlays" / "static-nkeys"
 EXAMPLES = REPO / "deploy" / "examples"
 DOCKERFILE_SCHEDULER = REPO / "docker" / "Dockerfile.scheduler"
 OUR_GROUP = "scheduling.run.ai"
@@ -676,6 +736,7 @@ def test_every_rule_of_the_schedulers_roles_says_why_in_a_comment_beside_it() ->
     role; role.yaml says why for each verb)."""
     for path in (
         BASE / "scheduler" / "clusterrole.yaml",
+        BASE / "scheduler" / "callout-rbac.yaml",
         BASE / "reservations" / "rbac.yaml",
         BASE / "webhook" / "rbac.yaml",
     ):
@@ -713,9 +774,10 @@ def test_the_scheduler_reads_its_nkey_seed_from_the_secret_that_nats_keys_makes_
     mount = _mount_of(container, "nats-seed")
     assert mount["readOnly"] is True
     assert PurePosixPath(mount["mountPath"]) == seed_path.parent
-    url = urlsplit(flags["--nats"])
-    service = _one(rendered, "Service", "quotient-nats")
-    assert url.hostname == f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
+    _assert_dials_every_nats_server_over_tls_with_the_ca_pinned(deployment, container, rendered)
+    assert flags["--telemetry-stream-replicas"] == str(
+        _one(rendered, "StatefulSet", "quotient-nats")["spec"]["replicas"]
+    )
 
 
 def test_the_scheduler_is_probed_on_its_metrics_port_and_runs_unprivileged(rendered: list[Obj]) -> None:
@@ -1095,3 +1157,82 @@ def test_kais_v015_to_v018_manifests_are_valid_against_our_crds_and_misspelt_one
         {**tree["spec"], "subGroups": [{"name": "a", "minMember": "2"}]},
     ):
         assert list(validator.iter_errors({**tree, "spec": broken})), broken
+
+
+# --- the NATS auth callout, and the fallback without it ---
+
+
+def test_every_scheduler_replica_serves_the_auth_callout_with_the_key_nats_keys_makes(rendered: list[Obj]) -> None:
+    deployment = _scheduler(rendered)
+    container = _container(deployment, "scheduler")
+    seed_path = PurePosixPath(_flags(container)["--nats-callout-issuer-seed"])
+
+    secret = _volume(deployment, "nats-callout")["secret"]
+    assert secret["secretName"] == natskeys.seed_secret_name(natskeys.CALLOUT) == "quotient-nats-callout"
+    assert secret["items"] == [{"key": natskeys.SEED_KEY, "path": seed_path.name}]
+    assert secret["defaultMode"] & 0o007 == 0
+    mount = _mount_of(container, "nats-callout")
+    assert mount["readOnly"] is True
+    assert PurePosixPath(mount["mountPath"]) == seed_path.parent
+    # Every replica, not only the leader: agents connect while the leader changes.
+    assert deployment["spec"]["replicas"] >= 2
+
+
+def test_the_callout_role_grants_token_reviews_and_nothing_else_to_the_scheduler(rendered: list[Obj]) -> None:
+    binding = _one(rendered, "ClusterRoleBinding", "quotient-scheduler-auth-callout")
+    account = _scheduler(rendered)["spec"]["template"]["spec"]["serviceAccountName"]
+
+    assert _grants(_rules(rendered, "ClusterRole", "quotient-scheduler-auth-callout")) == {
+        ("authentication.k8s.io", "tokenreviews", "create")
+    }
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
+    assert binding["roleRef"]["name"] == "quotient-scheduler-auth-callout"
+    # The node of a cluster before 1.30 comes from the pod: a get the scheduler's own role grants already.
+    assert _allows(_rules(rendered, "ClusterRole", "quotient-scheduler"), "", "pods", "get")
+
+
+@pytest.fixture(scope="module")
+def rendered_static_nkeys(rendered: list[Obj]) -> list[Obj]:
+    return _render(OVERLAY_STATIC_NKEYS)
+
+
+def test_the_static_nkeys_overlay_gives_agents_the_shared_seed_and_nats_the_users_instead_of_the_callout(
+    rendered: list[Obj], rendered_static_nkeys: list[Obj], crd_validators: Mapping[tuple[str, str], Any]
+) -> None:
+    def key(obj: Obj) -> tuple[str, str]:
+        name = obj["metadata"]["name"]
+        return (obj["kind"], "quotient-nats-config" if name.startswith("quotient-nats-config-") else name)
+
+    changed = {
+        ("DaemonSet", "quotient-agent"),
+        ("ConfigMap", "quotient-nats-config"),
+        ("StatefulSet", "quotient-nats"),  # the ConfigMap's new name (its content's hash)
+    }
+    removed = {
+        ("ClusterRole", "quotient-scheduler-auth-callout"),
+        ("ClusterRoleBinding", "quotient-scheduler-auth-callout"),
+    }
+    _validate_objects(rendered_static_nkeys, crd_validators, "static-nkeys")
+    assert {key(obj) for obj in rendered} - {key(obj) for obj in rendered_static_nkeys} == removed
+    assert [obj for obj in rendered_static_nkeys if key(obj) not in changed] == [
+        obj for obj in rendered if key(obj) not in changed | removed
+    ]
+    [config_map] = [obj for obj in rendered_static_nkeys if key(obj) == ("ConfigMap", "quotient-nats-config")]
+    assert config_map["data"]["auth.conf"] == (OVERLAY_STATIC_NKEYS / "auth.conf").read_text()
+    assert config_map["data"]["nats.conf"] == (BASE / "nats" / "nats.conf").read_text()
+    nats = _one(rendered_static_nkeys, "StatefulSet", "quotient-nats")
+    assert _volume(nats, "config")["configMap"]["name"] == config_map["metadata"]["name"]
+
+    agent = _one(rendered_static_nkeys, "DaemonSet", "quotient-agent")
+    container = _container(agent, "agent")
+    seed_path = PurePosixPath(_flags(container)["--nats-nkey-seed"])
+    secret = _volume(agent, "nats-seed")["secret"]
+    assert secret["secretName"] == natskeys.seed_secret_name("agent")
+    assert secret["items"] == [{"key": natskeys.SEED_KEY, "path": seed_path.name}]
+    assert secret["defaultMode"] & 0o007 == 0
+    mount = _mount_of(container, "nats-seed")
+    assert mount["readOnly"] is True
+    assert PurePosixPath(mount["mountPath"]) == seed_path.parent
+    # The seed given wins over the projected token the base still mounts.
+    values = {"nats_token_file": None, "nats_nkey_seed": str(seed_path)}
+    assert agent_app.nats_credentials(values, default_token=REPO / "pyproject.toml") == (None, Path(str(seed_path)))

@@ -1,7 +1,9 @@
-"""The NATS users and permissions that deploy/ ships, proven against a real nats-server.
+"""The NATS users and permissions that deploy/ ships without the auth callout, proven against a real nats-server.
 
-``deploy/base/nats/auth.conf`` is loaded unchanged: the embedded server's generated config (loopback host, free port,
-JetStream in a temporary directory) ends with ``include "<relative path to auth.conf>"`` (nats-server joins an
+``deploy/overlays/static-nkeys/auth.conf`` (the fallback where the auth callout cannot run: every agent is the one
+``agent`` user; the callout of ``deploy/base`` is proven in ``tests/e2e/test_nats_callout.py``) is loaded
+unchanged: the embedded server's generated config (loopback host, free port, JetStream in a temporary directory)
+ends with ``include "<relative path to auth.conf>"`` (nats-server joins an
 include path, even an absolute one, to the including file's directory), and the users' public keys reach it through
 the environment, as the ``quotient-nats-users`` Secret supplies them in the cluster. The full ``nats.conf`` is
 checked with ``nats-server -t``, since its port and store directory are the cluster's.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -29,12 +32,13 @@ from common import natsserver, subjects
 from common.natsserver import NatsServer
 from quotient import natskeys
 from tests.conftest import REPO
+from tests.integration import natsconf
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(20)]
 
 NATS_DIR = REPO / "deploy" / "base" / "nats"
 NATS_CONF = NATS_DIR / "nats.conf"
-AUTH_CONF = NATS_DIR / "auth.conf"
+AUTH_CONF = REPO / "deploy" / "overlays" / "static-nkeys" / "auth.conf"
 RECEIVE_TIMEOUT_S = 2.0
 
 
@@ -120,9 +124,17 @@ async def _round_trip(connection: Connection) -> None:
 
 def _check_config(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     binary = natsserver.find_binary()
-    return subprocess.run(
-        [str(binary), "-t", "-c", str(NATS_CONF)], env=env, capture_output=True, text=True, timeout=10, check=False
-    )
+    # The pod's paths (TLS Secret, pid file, volume) pointed at files here, $POD_NAME as the pod has it.
+    with tempfile.TemporaryDirectory(prefix="quotient-nats-conf-") as workdir:
+        config = natsconf.stage(NATS_CONF.parent, Path(workdir))
+        return subprocess.run(
+            [str(binary), "-t", "-c", str(config)],
+            env=env | dict(natsconf.POD_ENV),
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
 
 
 def _env_without_quotient_keys() -> dict[str, str]:
@@ -146,7 +158,7 @@ def test_the_deploy_server_refuses_to_start_when_a_user_key_is_missing(keys: Key
 
 
 def test_the_deploy_server_refuses_a_user_key_that_is_not_a_user_public_key(keys: Keys) -> None:
-    env = _env_without_quotient_keys() | keys.env | {"QUOTIENT_AGENT_NKEY": "not-a-key"}
+    env = _env_without_quotient_keys() | keys.env | {"QUOTIENT_SCHEDULER_NKEY": "not-a-key"}
 
     result = _check_config(env)
 

@@ -153,6 +153,7 @@ def test_rendered_secrets_are_valid_kubernetes_secrets_in_the_namespace() -> Non
         "quotient-nats-agent",
         "quotient-nats-scheduler",
         "quotient-nats-reader",
+        "quotient-nats-callout",
         "quotient-nats-users",
     ]
     for doc in documents:
@@ -164,11 +165,19 @@ def test_the_users_secret_holds_the_public_key_of_each_seed_secret() -> None:
     documents = {doc["metadata"]["name"]: doc["stringData"] for doc in _documents(natskeys.render_secrets("q"))}
 
     users = documents["quotient-nats-users"]
-    assert set(users) == {"QUOTIENT_AGENT_NKEY", "QUOTIENT_SCHEDULER_NKEY", "QUOTIENT_READER_NKEY"}
+    assert set(users) == {
+        "QUOTIENT_AGENT_NKEY",
+        "QUOTIENT_SCHEDULER_NKEY",
+        "QUOTIENT_READER_NKEY",
+        "QUOTIENT_CALLOUT_NKEY",
+    }
     for role in natskeys.ROLES:
         seed = documents[f"quotient-nats-{role}"]["seed"]
         assert users[f"QUOTIENT_{role.upper()}_NKEY"] == credentials.public_key(seed.encode())
-    assert len(set(users.values())) == 3
+    # The callout's key is an account's (the server's auth_callout issuer), not a user's.
+    issuer = documents["quotient-nats-callout"]["seed"].encode()
+    assert users["QUOTIENT_CALLOUT_NKEY"] == credentials.account_public_key(issuer)
+    assert len(set(users.values())) == 4
 
 
 def test_each_rendering_makes_new_keys() -> None:
@@ -192,7 +201,8 @@ def test_nats_keys_prints_secrets_for_kubectl(capsys: pytest.CaptureFixture[str]
     assert natskeys.main(["--namespace", "ml-platform"]) == 0
 
     documents = _documents(capsys.readouterr().out)
-    assert len(documents) == 4
+    nkey_secrets = {natskeys.seed_secret_name(role) for role in (*natskeys.ROLES, natskeys.CALLOUT)}
+    assert nkey_secrets | {natskeys.USERS_SECRET} <= {doc["metadata"]["name"] for doc in documents}
     assert {doc["metadata"]["namespace"] for doc in documents} == {"ml-platform"}
 
 
