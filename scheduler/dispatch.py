@@ -9,23 +9,27 @@ queue), so every report is settled against what was asked:
   afresh, with a ``FailedBinding`` event; a share whose node could not hold a GPU for it quarantines that node;
 - an eviction (the plan's reclaims, preemptions, consolidations and stale gangs, the telemetry's over-consumption
   policy, a share whose reservation vanished) is the dispatcher's alone: a pod is evicted once, and stays "being
-  evicted" until the watch shows it deleted, whoever asked;
+  evicted" until the watch shows it deleted, whoever asked; once a pod evicted to make room (reclaim, preempt,
+  consolidate: KAI stamps on its statement's evictions, not on stale gangs) is evicted, its PodGroup gets KAI's
+  ``kai.scheduler/last-eviction-timestamp``, which re-arms the group's preemption delay (one write per group and
+  second);
 - every bind and eviction that happened is a ``Decision`` on NATS, with the reason it was made.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import time
 from collections.abc import Callable
 
 from common import logs, names, wire
 from scheduler import audit
-from scheduler.kube import binding, events
+from scheduler.kube import binding, events, kubeapi
 from scheduler.metrics import SchedulerMetrics
 from scheduler.objects.records import PodRecord
 from scheduler.placement import decisions, model, plan
-from scheduler.state.cache import Assumption, ClusterState
+from scheduler.state.cache import Assumption, ClusterState, GroupKey
 
 log = logs.get("scheduler")
 
@@ -38,10 +42,15 @@ DISRUPTION_REASONS: dict[decisions.EvictionReason, str] = {
     decisions.EvictionReason.OVERUSE: names.TERMINATION_BY_SCHEDULER,
 }
 QUARANTINE_MIN_S = 30.0
+"""A node where a reservation pod got no GPU takes no new pods for at least this long (or the UUID timeout)."""
 NOMINATION_TTL_S = 120.0
 """A nomination (``status.nominatedNodeName``) no plan has renewed for this long is cleared: longer than a victim's
 usual termination grace (30 s), so a pipelined placement keeps its room."""
-"""A node where a reservation pod got no GPU takes no new pods for at least this long (or the UUID timeout)."""
+# The evictions after which KAI stamps the victim's PodGroup (its Statement's evictions: reclaim, preempt,
+# consolidate; stale gangs are evicted outside a Statement and are not stamped).
+_STAMPED_REASONS = frozenset(
+    {decisions.EvictionReason.RECLAIM, decisions.EvictionReason.PREEMPT, decisions.EvictionReason.CONSOLIDATE}
+)
 _RESERVATION_FAILURES = ("ReservationTimeout", "ReservationFailed")
 
 
@@ -63,6 +72,8 @@ class Evict:
 
     reason: str
     gpu_group: str | None = None
+    stamp: GroupKey | None = None
+    """The PodGroup to stamp with ``kai.scheduler/last-eviction-timestamp`` once the eviction happened."""
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
@@ -92,6 +103,7 @@ class Dispatcher:
         reservation_timeout_s: float,
         on_change: Callable[[], None],
         clock_s: Callable[[], float] = time.perf_counter,
+        wall_clock_s: Callable[[], float] = time.time,
         on_error: Callable[[str, BaseException], None] = lambda where, exc: None,
     ) -> None:
         self._on_error = on_error
@@ -103,6 +115,9 @@ class Dispatcher:
         self._quarantine_s = max(QUARANTINE_MIN_S, reservation_timeout_s)
         self._on_change = on_change
         self._clock_s = clock_s
+        self._wall_clock_s = wall_clock_s
+        self._stamped: dict[GroupKey, str] = {}
+        """The last eviction time written on each PodGroup (RFC 3339), so a gang's evictions write it once."""
         self.binder: binding.Binder | None = None
         """Set by the composition once the binder (which reports back here) exists."""
         self.in_flight: dict[str, InFlight] = {}
@@ -215,6 +230,7 @@ class Dispatcher:
             message=eviction.message,
             decision_reason="Evicted",
             metric=eviction.reason.value,
+            stamp=self._state.group_of(pod) if eviction.reason in _STAMPED_REASONS else None,
         )
         if evicting:
             ref = events.ObjectRef.of_record(pod)
@@ -236,13 +252,14 @@ class Dispatcher:
         decision_reason: str,
         metric: str,
         gpu_group: str | None = None,
+        stamp: GroupKey | None = None,
     ) -> bool:
         """Evict ``pod`` unless it is being evicted already; whether this call started an eviction. ``disruption`` is
         the ``DisruptionTarget`` reason, ``decision_reason`` what its ``Decision`` says, ``metric`` the label of
-        ``quotient_evictions_total``."""
+        ``quotient_evictions_total``; ``stamp`` the PodGroup to stamp with the eviction's time once it happened."""
         if self.is_evicting(pod.uid):
             return False
-        self._record(pod).evict = Evict(reason=decision_reason, gpu_group=gpu_group)
+        self._record(pod).evict = Evict(reason=decision_reason, gpu_group=gpu_group, stamp=stamp)
         self._metrics.evictions.labels(metric).inc()
         self._binder().submit_evict(pod_ref(pod), node=node, disruption=disruption, message=message)
         return True
@@ -264,6 +281,8 @@ class Dispatcher:
         record = self.in_flight.get(uid)
         evict = record.evict if record is not None else None
         if report.outcome is binding.Outcome.EVICTED:
+            if evict is not None and evict.stamp is not None:
+                self._contained(self._stamp_eviction, evict.stamp, pod=model.PodUid(uid))
             await self._publish(
                 report,
                 action=wire.DecisionAction.EVICT,
@@ -277,6 +296,23 @@ class Dispatcher:
         if record is not None:
             record.evict = None  # a later decision may try again
             self._settle(uid, record)
+
+    def _stamp_eviction(self, key: GroupKey) -> None:
+        """Write KAI's ``kai.scheduler/last-eviction-timestamp`` on the PodGroup (RFC 3339, whole seconds, as KAI
+        writes it): once per group and second, never on a PodGroup that is gone or already stamped that late."""
+        podgroup = self._state.podgroups.get(key)
+        if podgroup is None:
+            return
+        now_s = int(self._wall_clock_s())
+        text = kubeapi.rfc3339(datetime.datetime.fromtimestamp(now_s, datetime.UTC))
+        if self._stamped.get(key) == text or podgroup.last_eviction_ns >= now_s * 1_000_000_000:
+            return
+        if len(self._stamped) > 2 * len(self._state.podgroups) + 1024:
+            self._stamped = {group: value for group, value in self._stamped.items() if group in self._state.podgroups}
+        self._stamped[key] = text
+        self._binder().submit_podgroup_annotations(
+            namespace=key[0], name=key[1], annotations={names.LAST_EVICTION_ANNOTATION: text}
+        )
 
     async def _bound(self, report: binding.Report) -> None:
         uid = report.pod.uid

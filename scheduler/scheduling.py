@@ -61,6 +61,7 @@ class Cycles:
         self._counted_nodes: object = None
         self.quarantine = containment.Quarantine(clock_s=time.monotonic, make_engine=make_engine)
         self._release_scheduled_s: float | None = None
+        self._wake_scheduled_ns: int | None = None
         self.count = 0
         self.ready = False
         """True once every watch has listed: the first cycle can see the whole cluster."""
@@ -79,8 +80,9 @@ class Cycles:
             await asyncio.sleep(self._debounce_s)
             self._dirty.clear()
             try:
-                self.run_once()
+                result = self.run_once()
                 self._schedule_retries()
+                self._schedule_wake(result)
             except Exception:
                 # Caught at the cycle's boundary: the next change runs the next cycle, nothing else stops.
                 log.exception("cycle_failed", cycle=self.count)
@@ -96,6 +98,16 @@ class Cycles:
         if release_s is not None and release_s != self._release_scheduled_s:
             self._release_scheduled_s = release_s
             loop.call_later(max(0.0, release_s - time.monotonic()) + 0.01, self.mark)
+
+    def _schedule_wake(self, result: plan.Plan | None) -> None:
+        """A plan that waited on the clock (a preemption delay, a stale gang's grace, a min-runtime) runs a cycle
+        again when that wait ends, though nothing else changes."""
+        wake_ns = result.wake_ns if result is not None else None
+        if wake_ns is None or wake_ns == self._wake_scheduled_ns:
+            return
+        self._wake_scheduled_ns = wake_ns
+        delay_s = max(0.0, (wake_ns - time.time_ns()) / quantities.NS_PER_S)
+        asyncio.get_running_loop().call_later(delay_s + 0.01, self.mark)
 
     def run_once(self) -> plan.Plan | None:
         """One synchronous cycle: snapshot, engine, dispatch. Status is written after, by the reporter. None when

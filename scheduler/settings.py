@@ -137,6 +137,7 @@ def live_settings_from(values: Mapping[str, object], *, queue_label: str) -> liv
         ghost_threshold_ns=_ns(values["ghost_grace"]),
         unattributed_threshold_bytes=int(str(values["unattributed_threshold"])),
         default_policy=overuse.OverusePolicy(str(values["overuse_policy"])),
+        headroom_margin_bytes=int(str(values["headroom_margin"])),
     )
     return live.LiveSettings(
         detector=detector,

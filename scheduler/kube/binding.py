@@ -23,6 +23,10 @@ assumption is dropped and the pod placed afresh. Outcomes:
 - API unavailable (5xx, timeouts): retry with capped jittered backoff, then give up and drop the assumption, so the
   pod is placed afresh by a later cycle.
 
+Evictions are a ``DisruptionTarget`` condition and a delete. The dispatcher also has the binder stamp a PodGroup
+whose pods were evicted to make room with KAI's ``kai.scheduler/last-eviction-timestamp`` (a merge patch of its
+annotations), which re-arms the group's preemption delay.
+
 At most ``concurrency`` API calls are in flight at once. Each outcome is reported to a callback (the app turns it
 into state changes, events, metrics and a ``Decision`` message).
 """
@@ -176,6 +180,26 @@ class Binder:
         """Evict ``pod``: a ``DisruptionTarget`` condition with reason ``disruption`` (Kubernetes' own reasons,
         ``PreemptionByScheduler`` or ``TerminationByScheduler``) and ``message``, then the delete."""
         self._spawn(self._evict(pod, node=node, disruption=disruption, message=message))
+
+    def submit_podgroup_annotations(self, *, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        """Write ``annotations`` on a PodGroup (KAI's ``kai.scheduler/last-eviction-timestamp``, once pods of the
+        group were evicted to make room): a PodGroup that is gone is left alone; an API that keeps failing is logged
+        (the next eviction of the group writes it again)."""
+        self._spawn(self._annotate_podgroup(namespace, name, dict(annotations)))
+
+    async def _annotate_podgroup(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        async def once() -> None:
+            async with self._slots:
+                await self._api.patch(
+                    kubeapi.POD_GROUPS, {"metadata": {"annotations": annotations}}, name=name, namespace=namespace
+                )
+
+        try:
+            await retrying.retry(once, backoff=self._backoff, retry_on=KubeUnavailable, attempts=self._max_attempts)
+        except KubeNotFound:
+            return
+        except KubeError as exc:
+            log.warning("podgroup_annotation_failed", podgroup=f"{namespace}/{name}", error=str(exc))
 
     def submit_nomination(self, pod: PodRef, node: str | None) -> None:
         """Record where the room an eviction makes is meant to go (``status.nominatedNodeName``, as kube-scheduler

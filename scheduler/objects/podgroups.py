@@ -3,8 +3,8 @@
 A PodGroup is read with KAI v0.18's meaning (KAI's ``podgroup_types.go`` and its PodGroup webhook):
 
 - ``spec.minMember``: the gang size, a whole number >= 0. KAI's 0 is "no gang requirement" (every pod elastic);
-  ``min_member`` reads it, like an unset or unreadable value, as 1 until the engine tells them apart, and keeps
-  what was written in ``min_member_declared``.
+  ``min_member`` reads it, like an unset or unreadable value, as 1, and ``min_member_declared`` keeps what was
+  written (the snapshot passes 0 on to the engine as "no minimum").
 - ``spec.minSubGroup`` and ``spec.subGroups[] {name, parent, minMember, minSubGroup}``: KAI's subgroup tree. A leaf
   holds pods and needs its ``minMember``; a mid-level subgroup (some entry names it as ``parent``) needs
   ``minSubGroup`` of its direct children (all of them when unset), and so does the PodGroup of its top-level
@@ -30,7 +30,6 @@ from typing import Any
 from common import names
 from scheduler.objects import durations, fields
 from scheduler.objects.records import PodGroupRecord, PriorityClassRecord, Problem, SubGroupSpec
-from scheduler.placement import model
 
 
 def decode(obj: Mapping[str, Any]) -> PodGroupRecord | None:
@@ -97,7 +96,6 @@ def decode(obj: Mapping[str, Any]) -> PodGroupRecord | None:
         queue=str(spec.get("queue") or ""),
         priority_class=str(spec.get("priorityClassName") or names.DEFAULT_PRIORITY_CLASS),
         preemptibility=preemptibility if preemptibility in (names.PREEMPTIBLE, names.NON_PREEMPTIBLE) else None,
-        subgroups=_leaves(tree),
         min_member_declared=min_member,
         min_subgroup=min_subgroup,
         subgroup_tree=tree,
@@ -259,16 +257,6 @@ def _check_tree(entries: Sequence[SubGroupSpec], positions: Sequence[int], probl
                     f"its child subgroups ({len(kids)})",
                 )
             )
-
-
-def _leaves(tree: Sequence[SubGroupSpec]) -> tuple[model.SubGroup, ...]:
-    """The subgroups that hold pods, with their own minimum (unset reads as 1, as before the tree was read)."""
-    parents = {entry.parent for entry in tree if entry.parent is not None}
-    return tuple(
-        model.SubGroup(name=entry.name, min_member=1 if entry.min_member is None else entry.min_member)
-        for entry in tree
-        if entry.name not in parents
-    )
 
 
 # --- priority classes and the priority rule -------------------------------------------------------------------------

@@ -240,12 +240,9 @@ class PodGroupRecord:
     priority_class: str = ""
     preemptibility: str | None = None
     """``preemptible``, ``non-preemptible``, or None: decided by the priority."""
-    subgroups: tuple[model.SubGroup, ...] = ()
-    """The leaf subgroups with their minimums, as the engine reads them today (a leaf's unset ``minMember`` reads
-    as 1, its 0 as 0); the whole tree, mid-level subgroups included, is ``subgroup_tree``."""
     min_member_declared: int | None = None
     """``spec.minMember`` as written (None: unset). 0 is KAI's "no gang requirement": every pod is elastic.
-    ``min_member`` reads 0 and unset as 1 until the engine tells them apart."""
+    ``min_member`` reads 0 and unset as 1; the snapshot reads this field for KAI's 0 (``state.snapshot``)."""
     min_subgroup: int | None = None
     """``spec.minSubGroup``: how many of the top-level subgroups must be satisfied (None: all of them)."""
     subgroup_tree: tuple[SubGroupSpec, ...] = ()

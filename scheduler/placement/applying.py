@@ -123,10 +123,13 @@ def _release(node: _NodeEdit, pod: model.Pod) -> None:
             continue
         allotted = max(0, device.allotted_milli_gpu - pod.allotted_milli_gpu)
         group = device.gpu_group
+        mode = device.compute_mode
         if allotted == 0 and not holders and group is not None:
-            group = None
+            group, mode = None, None
             node.used = node.used - model.ONE_POD  # the group's reservation pod goes with its last share
-        node.devices[index] = dataclasses.replace(device, allotted_milli_gpu=allotted, holders=holders, gpu_group=group)
+        node.devices[index] = dataclasses.replace(
+            device, allotted_milli_gpu=allotted, holders=holders, gpu_group=group, compute_mode=mode
+        )
 
 
 def _take(node: _NodeEdit, pod: model.Pod, placement: decisions.Placement) -> None:
@@ -137,11 +140,15 @@ def _take(node: _NodeEdit, pod: model.Pod, placement: decisions.Placement) -> No
         if not placement.share_milli:
             node.devices[index] = dataclasses.replace(device, allotted_milli_gpu=FULL, holders=holders, whole=True)
             continue
-        if placement.opens_groups[position]:
+        mode = device.compute_mode
+        # A group this plan's evictions emptied and a placement of the same plan joined opens again here.
+        if placement.opens_groups[position] or device.gpu_group is None:
             node.used = node.used + model.ONE_POD
+            mode = pod.share.compute_mode if pod.share is not None else model.ComputeMode.TIME_SLICING
         node.devices[index] = dataclasses.replace(
             device,
             allotted_milli_gpu=device.allotted_milli_gpu + placement.share_milli[position],
             holders=holders,
             gpu_group=placement.gpu_groups[position],
+            compute_mode=mode,
         )

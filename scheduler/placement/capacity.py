@@ -311,7 +311,8 @@ def _look_key(work: nodework.NodeWork) -> tuple[object, ...]:
         min(work.free_pods, LOOK_POD_SLOTS),
         tuple(work.dev_free),
         tuple(work.dev_whole),
-        tuple(group is not None for group in work.dev_group),
+        # Which devices are shared, and in which compute mode where some group is not in the default one.
+        work.device_modes() if work.modes else tuple(group is not None for group in work.dev_group),
         tuple(work.dev_pod_gpus),
         work.fixed,
     )
@@ -324,6 +325,7 @@ def _visible(work: nodework.NodeWork) -> tuple[object, ...]:
         work.alloc_cpu,
         work.alloc_mem,
         work.save(),
+        work.device_modes() if work.modes else (),
         work.dev_mem,
         work.dev_model,
         work.dev_healthy,

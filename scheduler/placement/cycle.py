@@ -15,7 +15,9 @@ Groups of a queue that does not exist (``orphans``: deleted, or never created) a
 within its fair share may reclaim from.
 
 ``clock_matters`` tells the engine whether the plan depended on the time (a victim too young for its min-runtime,
-a stale gang still within its grace): if not, the same state at a later time gives the same plan.
+a stale gang still within its grace, a preemption delay not over): if not, the same state at a later time gives the
+same plan; ``Plan.wake_ns`` says when the earliest of those ends, so the scheduler runs a cycle then even if nothing
+else changes.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ class Cycle:
         self.searcher = searcher
         self.statuses: dict[model.GroupId, status.Status] = {}
         self.failed: list[Failed] = []
-        self.elastic_waiting: list[tuple[model.Group, model.Pod]] = []
+        self.elastic_waiting: list[tuple[model.Group, gangs.Step]] = []
         self.scene: roommaking.Scene | None = None
         self.pod_shapes: dict[model.PodUid, shapes.Shape] = {}
         self.orphans = orphans
@@ -120,7 +122,7 @@ class Cycle:
         shares = self.shares
         if self.orphans:
             shares = {name: share for name, share in shares.items() if name not in self.orphans}
-        return self.draft.finish(self.statuses, shares)
+        return self.draft.finish(self.statuses, shares, wake_ns=self.scene.wake_ns if self.scene else None)
 
     @property
     def clock_matters(self) -> bool:
@@ -155,17 +157,17 @@ class Cycle:
         order = self.order
         walking = self.walk
         pointers = walking.pointers
-        extras: list[tuple[model.Group, tuple[model.Pod, ...]]] = []
+        extras: list[tuple[model.Group, tuple[gangs.Step, ...]]] = []
         # Room made by evictions in earlier cycles goes to the groups it was made for, before anybody else.
         first = [group for group in groups.nominated_groups() if group.queue in pointers]
         for group in first:
-            mine: list[tuple[model.Group, tuple[model.Pod, ...]]] = []
+            mine: list[tuple[model.Group, tuple[gangs.Step, ...]]] = []
             self._allocate_group(group, mine)
-            for owner, pods in mine:
+            for owner, steps in mine:
                 # Elastic pods the room was made for go now too; the others wait for every minimum as usual.
-                nominated = [pod for pod in pods if pod.nominated_node is not None]
-                rest = tuple(pod for pod in pods if pod.nominated_node is None)
-                if all(self._place_extra(owner, pod) for pod in nominated) and rest:
+                nominated = [step for step in steps if any(pod.nominated_node is not None for pod in step)]
+                rest = tuple(step for step in steps if all(pod.nominated_node is None for pod in step))
+                if all(self._place_extra(owner, step) for step in nominated) and rest:
                     extras.append((owner, rest))
         walking.done.update(group.id for group in first)
         for queue in {group.queue for group in first}:
@@ -184,15 +186,15 @@ class Cycle:
             leaf = order.next()
         self._place_extras(extras)
 
-    def _allocate_group(self, group: model.Group, extras: list[tuple[model.Group, tuple[model.Pod, ...]]]) -> bool:
+    def _allocate_group(self, group: model.Group, extras: list[tuple[model.Group, tuple[gangs.Step, ...]]]) -> bool:
         """Try a group's minimum; True when something was placed (the queue order may have changed)."""
         needs, amounts = self.walk.needs(group)
         if needs.missing:
             pods = len(group.members)
             self.statuses[group.id] = status.unschedulable(
                 status.Reason.NOT_ENOUGH_PODS,
-                f"gang {group.id} needs {group.min_member} pods (and every subgroup its minimum); "
-                f"{pods} exist, {needs.missing} more must be created",
+                f"gang {group.id} needs {gangs.requirement(group)}: {pods} pods exist, {needs.missing} more "
+                "must be created",
             )
             return False
         if not needs.minimum:
@@ -256,7 +258,7 @@ class Cycle:
             queues=self.tree.queues,
         )
 
-    def _place_extras(self, extras: Sequence[tuple[model.Group, tuple[model.Pod, ...]]]) -> None:
+    def _place_extras(self, extras: Sequence[tuple[model.Group, tuple[gangs.Step, ...]]]) -> None:
         elastic.hand_out(
             extras,
             order=lambda leaves, job: ordering.QueueOrder(
@@ -271,22 +273,23 @@ class Cycle:
             place=self._place_extra,
         )
 
-    def _place_extra(self, group: model.Group, pod: model.Pod) -> bool:
-        """One elastic pod; True when placed (a pod that does not fit waits, and its group's later extras too)."""
+    def _place_extra(self, group: model.Group, step: gangs.Step) -> bool:
+        """One elastic step (a pod, or a subgroup's own minimum at once); True when placed (a step that does not fit
+        waits, and its group's later steps too)."""
         chain = self._chain(group.queue)
-        amounts = gangs.total((pod,), self.reference)
+        amounts = gangs.total(step, self.reference)
         checked = gangs.queue_check(
             group=group, amounts=amounts, chain=chain, queues=self.tree.queues, usage=self.draft.usage
         )
         if checked is not None:
             self.statuses.setdefault(group.id, checked)
             return False
-        placed = self._place_within_limits(group, (pod,), amounts, chain)
+        placed = self._place_within_limits(group, step, amounts, chain)
         if isinstance(placed, status.Status):
             self.statuses.setdefault(group.id, placed)
             return False
         if placed is not None:
-            self.elastic_waiting.append((group, pod))
+            self.elastic_waiting.append((group, step))
             return False
         return True
 
@@ -321,13 +324,13 @@ class Cycle:
         wanted: list[tuple[model.Group, tuple[model.Pod, ...], Resources]] = [
             (failed.group, failed.minimum, failed.amounts) for failed in self.failed
         ]
-        wanted += [(group, (pod,), gangs.total((pod,), self.reference)) for group, pod in self.elastic_waiting]
+        wanted += [(group, step, gangs.total(step, self.reference)) for group, step in self.elastic_waiting]
         now = self.snapshot.now_ns
         for group, pods, amounts in wanted:
             if group.id in self.statuses:
                 continue
             if group.evictions_from_ns is not None and now < group.evictions_from_ns:
-                scene.clock_matters = True  # KAI's preemption delay: no evictions for it yet
+                scene.wake_at(group.evictions_from_ns)  # KAI's preemption delay: no evictions for it yet
                 seconds = -(-(group.evictions_from_ns - now) // 1_000_000_000)
                 self.refusals[group.id] = f"its preemption delay lets it evict others in {seconds}s"
                 continue
@@ -369,8 +372,8 @@ class Cycle:
                 everyone=everyone,
                 refusal=self.refusals.get(group.id),
             )
-        for group, pod in self.elastic_waiting:
+        for group, step in self.elastic_waiting:
             if group.id not in self.statuses:
                 self.statuses[group.id] = pending.elastic_status(
-                    explainer, pod, self._shape(pod), self.refusals.get(group.id)
+                    explainer, step, [self._shape(pod) for pod in step], self.refusals.get(group.id)
                 )

@@ -19,10 +19,10 @@ actions for it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 from common.resources import Resources
-from scheduler.placement import decisions, gangs, model, plan, reclaimable, roommaking, status, victims
+from scheduler.placement import decisions, gangs, model, plan, reclaimable, roommaking, status, subgroups, victims
 
 
 def _everyone(scene: roommaking.Scene) -> list[victims.Unit]:
@@ -134,11 +134,31 @@ def move_leftovers(scene: roommaking.Scene) -> None:
             continue
         members = {pod.uid: pod for pod in group.members}
         pods = [members[uid] for uid in waiting[group_id] if uid in members]
-        if gangs.below_minimum(group, draft.evicted):
-            roommaking.move(scene, group, pods)
+        for batch in move_batches(group, pods, draft.evicted):
+            roommaking.move(scene, group, batch)
+
+
+def move_batches(
+    group: model.Group, pods: Sequence[model.Pod], evicted: Container[model.PodUid]
+) -> list[tuple[model.Pod, ...]]:
+    """The evicted ``pods`` of ``group`` that can only move together: all of them when the gang fell below its
+    minimum; else, for a subgroup tree, the pods of each leaf left below its own minimum (a replica evicted whole);
+    else one by one."""
+    if gangs.below_minimum(group, evicted):
+        return [tuple(pods)]
+    if not group.subgroups:
+        return [(pod,) for pod in pods]
+    shape = subgroups.of(group)
+    left = subgroups.leaf_counts(shape, group.members, evicted)
+    batches: list[tuple[model.Pod, ...]] = []
+    by_leaf: dict[str, list[model.Pod]] = {}
+    for pod in pods:
+        leaf = pod.subgroup
+        if leaf is not None and shape.is_leaf(leaf) and left.get(leaf, 0) < shape.nodes[leaf].required:
+            by_leaf.setdefault(leaf, []).append(pod)
         else:
-            for pod in pods:
-                roommaking.move(scene, group, (pod,))
+            batches.append((pod,))
+    return [tuple(leaf_pods) for _, leaf_pods in sorted(by_leaf.items())] + batches
 
 
 def stale_gangs(scene: roommaking.Scene, candidates: Sequence[model.Group]) -> None:
@@ -151,7 +171,7 @@ def stale_gangs(scene: roommaking.Scene, candidates: Sequence[model.Group]) -> N
         if since is None or grace < 0:
             continue  # a negative grace (KAI's per-group stalenessGracePeriod) means never
         if now - since < grace:
-            scene.clock_matters = True
+            scene.wake_at(since + grace)
             continue
         short = gangs.below_minimum(group, scene.draft.evicted)
         if short is None:

@@ -76,10 +76,15 @@ def _gpu_fit(work: nodework.NodeWork, free: Free, shape: shapes.Shape, limit: in
     if shape.share is None:
         return limit
     per_device = work.share_on_each(shape.share)
+    room = free.room
+    if work.modes or shape.share.compute_mode is not model.ComputeMode.TIME_SLICING:
+        # A group of another compute mode is no room for this share unless its last share leaves (free.whole).
+        mode = shape.share.compute_mode
+        room = [left if free.whole[device] or work.joinable(device, mode) else 0 for device, left in enumerate(room)]
     if shape.share.devices == 1:
-        held = sum(room // need for room, need in zip(free.room, per_device, strict=True) if 0 < need <= room)
+        held = sum(left // need for left, need in zip(room, per_device, strict=True) if 0 < need <= left)
     else:
-        held = sum(1 for room, need in zip(free.room, per_device, strict=True) if room >= need) // shape.share.devices
+        held = sum(1 for left, need in zip(room, per_device, strict=True) if left >= need) // shape.share.devices
     return min(limit, held)
 
 

@@ -1,9 +1,13 @@
 """Gangs: which members a group needs now, the queue checks they must pass, and the all-or-nothing transaction.
 
-A group needs enough pending members to bring it to ``min_member`` (running and completed members count), and
-enough in each subgroup to bring that subgroup to its own minimum; those are its *minimum*. The other pending
-members are elastic *extras*, placed one by one after every group's minimum. Members are taken in creation order,
-then uid, so the same snapshot always picks the same members.
+A group needs enough pending members to bring it to ``min_member`` (running and completed members count): those
+are its *minimum*; with subgroups, the pods that satisfy its tree (``subgroups``: each leaf its own minimum, each
+level ``minSubGroup`` of its children), and ``min_member`` is a floor on the total beside it. ``min_member`` 0
+without subgroups is KAI's "no gang requirement": no minimum at all. The other pending members are elastic
+*extras*, placed in steps after every group's minimum: one pod at a time, or a whole subgroup that its parent can do
+without but that needs its own minimum at once. Pending members are taken in KAI's task order
+(``kai.scheduler/task-priority``, higher first, labelled before unlabelled), then creation order, then uid, so the
+same snapshot always picks the same members.
 
 Before a minimum is tried, the queue checks run for the queue and each ancestor: the limit (KAI's ``OverLimit``,
 with ``0`` allowing nothing of a requested resource) and, for non-preemptible groups, the quota
@@ -17,63 +21,75 @@ import dataclasses
 from collections.abc import Container, Mapping, Sequence
 
 from common.resources import Resources
-from scheduler.placement import fairshare, model, plan, search, shapes, status
+from scheduler.placement import fairshare, model, plan, search, shapes, status, subgroups
 
 GPU, CPU, MEMORY = fairshare.Kind.GPU, fairshare.Kind.CPU, fairshare.Kind.MEMORY
+
+Step = subgroups.Step
+"""Pods placed together as one elastic step: one pod, or a subgroup's own minimum."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Needs:
-    """The pending members a group must place together now, and the elastic extras after them."""
+    """The pending members a group must place together now, and the elastic steps after them."""
 
     minimum: tuple[model.Pod, ...]
-    extras: tuple[model.Pod, ...]
+    extras: tuple[Step, ...]
     missing: int
     """Members the minimum would need that do not exist (yet)."""
 
 
-def _satisfied(pod: model.Pod, evicted: Container[model.PodUid]) -> bool:
-    if pod.phase is model.PodPhase.SUCCEEDED:
-        return True
-    return pod.phase is model.PodPhase.RUNNING and pod.uid not in evicted
+def task_key(pod: model.Pod) -> tuple[int, int, str]:
+    """KAI's task order: the pod's task priority, then creation time, then uid."""
+    return (pod.task_order, pod.created_ns, pod.uid)
 
 
 def needs(group: model.Group, evicted: Container[model.PodUid] = ()) -> Needs:
-    """Split a group's pending members into its minimum and its extras (see the module docstring)."""
-    pending = sorted(
-        (pod for pod in group.members if pod.phase is model.PodPhase.PENDING), key=lambda pod: (pod.created_ns, pod.uid)
-    )
-    satisfied = sum(1 for pod in group.members if _satisfied(pod, evicted))
-    chosen: list[model.Pod] = []
-    taken: set[model.PodUid] = set()
-    missing = 0
-    for subgroup in sorted(group.subgroups, key=lambda sub: sub.name):
-        have = sum(1 for pod in group.members if pod.subgroup == subgroup.name and _satisfied(pod, evicted))
-        want = max(0, subgroup.min_member - have)
-        candidates = [pod for pod in pending if pod.subgroup == subgroup.name][:want]
-        missing += want - len(candidates)
-        chosen.extend(candidates)
-        taken.update(pod.uid for pod in candidates)
+    """Split a group's pending members into its minimum and its elastic steps (see the module docstring)."""
+    pending = sorted((pod for pod in group.members if pod.phase is model.PodPhase.PENDING), key=task_key)
+    satisfied = sum(1 for pod in group.members if subgroups.satisfied(pod, evicted))
+    if not group.subgroups:
+        want = max(0, group.min_member - satisfied)
+        return Needs(
+            minimum=tuple(pending[:want]),
+            extras=tuple((pod,) for pod in pending[want:]),
+            missing=max(0, want - len(pending)),
+        )
+    chosen, steps, loose, missing = subgroups.split(subgroups.of(group), group.members, pending, evicted)
+    taken = {pod.uid for pod in chosen}
     rest = [pod for pod in pending if pod.uid not in taken]
+    # The floor of min_member on the total, from any pending pod (the tree's own choice first).
     want = max(0, group.min_member - satisfied - len(chosen))
-    chosen.extend(rest[:want])
-    missing += max(0, want - len(rest))
-    minimum = tuple(sorted(chosen, key=lambda pod: (pod.created_ns, pod.uid)))
-    return Needs(minimum=minimum, extras=tuple(rest[want:]), missing=missing)
+    if want:
+        floor = rest[:want]
+        missing += want - len(floor)
+        chosen += floor
+        taken.update(pod.uid for pod in floor)
+        steps = [kept for step in steps if (kept := tuple(pod for pod in step if pod.uid not in taken))]
+        loose = [pod for pod in loose if pod.uid not in taken]
+    extras = (*steps, *((pod,) for pod in loose))
+    return Needs(minimum=tuple(sorted(chosen, key=task_key)), extras=extras if not missing else (), missing=missing)
 
 
 def below_minimum(group: model.Group, evicted: Container[model.PodUid] = ()) -> str | None:
-    """How a group's running and completed members fall short of its minimum, or of a subgroup's own minimum (KAI
-    checks every pod set), as a phrase for messages; None when every minimum holds. Pods in ``evicted`` count as
-    gone."""
-    satisfied = sum(1 for pod in group.members if _satisfied(pod, evicted))
+    """How a group's running and completed members fall short of its minimum, or of its subgroup tree (KAI checks
+    every pod set), as a phrase for messages; None when every minimum holds. Pods in ``evicted`` count as gone."""
+    satisfied = sum(1 for pod in group.members if subgroups.satisfied(pod, evicted))
     if satisfied < group.min_member:
         return f"{satisfied} of its {group.min_member} members"
-    for subgroup in sorted(group.subgroups, key=lambda sub: sub.name):
-        have = sum(1 for pod in group.members if pod.subgroup == subgroup.name and _satisfied(pod, evicted))
-        if have < subgroup.min_member:
-            return f"{have} of the {subgroup.min_member} members subgroup {subgroup.name} needs"
-    return None
+    if not group.subgroups:
+        return None
+    shape = subgroups.of(group)
+    return subgroups.shortfall(shape, subgroups.leaf_counts(shape, group.members, evicted))
+
+
+def requirement(group: model.Group) -> str:
+    """What the group's minimum is, for messages."""
+    if not group.subgroups:
+        return f"minMember {group.min_member}"
+    top = "all" if group.min_subgroup is None else str(group.min_subgroup)
+    floor = f", and {group.min_member} pods in all" if group.min_member else ""
+    return f"{top} of its top-level subgroups satisfied, each at its own minimum{floor}"
 
 
 def pending_gpu(pod: model.Pod, reference_memory_bytes: int) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 
-from scheduler.placement import capacity, devices, nodework, shapes
+from scheduler.placement import capacity, devices, model, nodework, shapes
 
 
 def find_cpu(cap: capacity.Capacity, shape: shapes.Shape, eligible: tuple[int, ...]) -> shapes.Choice | None:
@@ -75,12 +75,15 @@ def find_whole(
 def find_share(
     cap: capacity.Capacity, shape: shapes.Shape, milli: int, eligible: tuple[int, ...], *, demanded: tuple[int, ...]
 ) -> shapes.Choice | None:
-    """A share of one device, binpacked, node first: a node with a shared device the share fits in, the one with the
-    fewest free whole devices, and on it the best shared device (a remainder of nothing or of a size some pending pod
-    asks for, smallest first; else the tightest); else a new group on the node with the fewest free whole devices."""
+    """A share of one device, binpacked, node first: a node with a shared device (of the share's compute mode) the
+    share fits in, the one with the fewest free whole devices, and on it the best shared device (a remainder of
+    nothing or of a size some pending pod asks for, smallest first; else the tightest); else a new group on the node
+    with the fewest free whole devices."""
     classes = cap.classes
     by_order = cap.by_order
     models = shape.constraints.gpu_models
+    mode = shape.share.compute_mode if shape.share is not None else model.ComputeMode.TIME_SLICING
+    plain = mode is model.ComputeMode.TIME_SLICING  # joins any group of a node that records no other mode
     counts = sorted({count for cls in eligible for count, bucket in classes[cls].shared.items() if bucket})
     for count in counts:
         # 1. A shared device left with nothing, or with a remainder some pending pod asks for, smallest first.
@@ -100,8 +103,10 @@ def find_share(
                     if best is not None and entry >= best:
                         break
                     work = by_order[entry[1]]
-                    if work.fits_basics(shape.milli_cpu, shape.memory_bytes, shape.pods) and work.model_allowed(
-                        entry[2], models
+                    if (
+                        work.fits_basics(shape.milli_cpu, shape.memory_bytes, shape.pods)
+                        and work.model_allowed(entry[2], models)
+                        and ((plain and not work.modes) or work.joinable(entry[2], mode))
                     ):
                         best = entry
                         break
@@ -120,8 +125,10 @@ def find_share(
                 if best is not None and entry >= best:
                     break
                 work = by_order[entry[1]]
-                if work.fits_basics(shape.milli_cpu, shape.memory_bytes, shape.pods) and work.model_allowed(
-                    entry[2], models
+                if (
+                    work.fits_basics(shape.milli_cpu, shape.memory_bytes, shape.pods)
+                    and work.model_allowed(entry[2], models)
+                    and ((plain and not work.modes) or work.joinable(entry[2], mode))
                 ):
                     best = entry
                     break

@@ -23,7 +23,7 @@ import enum
 from collections.abc import Mapping
 from typing import NewType
 
-from common import quantities
+from common import names, quantities
 from common.resources import Resources
 from scheduler.placement import scoring
 
@@ -45,6 +45,14 @@ ONE_POD = Resources(pods=1)
 
 
 # --- Nodes and devices -------------------------------------------------------------------------------------------
+
+
+class ComputeMode(enum.StrEnum):
+    """How the shares of one GPU divide its compute (KAI v0.18's ``gpu-compute.mode``): shares of different modes
+    never share a device, so a GPU group takes the mode of its first share."""
+
+    TIME_SLICING = names.TIME_SLICING
+    SM_SHARING = names.SM_SHARING
 
 
 class TaintEffect(enum.StrEnum):
@@ -71,7 +79,8 @@ class Device:
 
     ``peak_used_bytes`` is the measured peak of used memory over the telemetry window, or None without telemetry;
     when ``telemetry_stale`` the engine ignores it and accounts by requests only. ``unattributed_bytes`` is memory
-    used by processes that map to no pod (for messages). An unhealthy device takes no new work.
+    used by processes that map to no pod (for messages). An unhealthy device takes no new work. ``compute_mode`` is
+    the mode of its GPU group's shares (None on a shared device reads as time-slicing, KAI's default).
     """
 
     index: int
@@ -87,6 +96,7 @@ class Device:
     telemetry_stale: bool = False
     unattributed_bytes: int = 0
     healthy: bool = True
+    compute_mode: ComputeMode | None = None
 
     @property
     def is_free(self) -> bool:
@@ -164,12 +174,29 @@ class GpuShare:
     """A fractional GPU request on ``devices`` devices: either ``milli_gpu`` (0 < x < 1000) or ``memory_bytes``.
 
     A ``memory_bytes`` share becomes, on each device, the milli-GPU ``ceil(memory_bytes * 1000 / device memory)``,
-    so the same pod takes a smaller share of a bigger GPU.
+    so the same pod takes a smaller share of a bigger GPU. It joins only a device whose GPU group has its
+    ``compute_mode`` (or opens a group on a free one).
     """
 
     milli_gpu: int = 0
     memory_bytes: int = 0
     devices: int = 1
+    compute_mode: ComputeMode = ComputeMode.TIME_SLICING
+
+
+UNLABELLED_TASK = 1 << 40
+"""``Pod.task_order`` of a pod without KAI's ``kai.scheduler/task-priority`` label: after every labelled pod."""
+UNREADABLE_TASK = 1 << 39
+"""``Pod.task_order`` of a pod whose label is not an integer: after the readable ones, before the unlabelled (KAI's
+task order)."""
+
+
+def task_order(priority: int | None, *, unreadable: bool = False) -> int:
+    """A pod's place in KAI's task order (lower first): a higher ``kai.scheduler/task-priority`` first, a labelled
+    pod before an unlabelled one, an unreadable label after every readable one."""
+    if priority is not None:
+        return -priority
+    return UNREADABLE_TASK if unreadable else UNLABELLED_TASK
 
 
 class PodPhase(enum.StrEnum):
@@ -193,6 +220,10 @@ class Pod:
     A running pod names its ``node`` and ``devices`` (indexes on the node); a running share also names its
     ``gpu_groups`` (one per device) and the ``allotted_milli_gpu`` it holds on each device. ``started_ns`` (when it
     was bound) drives the queues' min-runtimes; the creation time stands in where it is unknown.
+
+    ``task_order`` is the pod's place among its group's pods (``task_order()``, lower first; KAI's task order):
+    pending members are taken by it, then by creation time and uid, and elastic members are evicted in the reverse
+    order.
     """
 
     uid: PodUid
@@ -215,6 +246,7 @@ class Pod:
     nominated_node: NodeName | None = None
     """Where an earlier cycle made room for this pending pod by evicting others (Kubernetes'
     ``status.nominatedNodeName``): such groups are placed before any other, so nobody else takes that room."""
+    task_order: int = UNLABELLED_TASK
 
     @property
     def whole_gpus(self) -> int:
@@ -228,20 +260,33 @@ class Pod:
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class SubGroup:
-    """A part of a gang with its own minimum (KAI ``spec.subGroups``); pods name it in ``Pod.subgroup``."""
+    """A node of a gang's subgroup tree (KAI ``spec.subGroups``).
+
+    A *leaf* (no other subgroup names it as ``parent``) holds pods, which name it in ``Pod.subgroup``, and needs
+    ``min_member`` of them (0: none, every pod of it elastic). A *mid-level* subgroup needs ``min_subgroup`` of its
+    direct children satisfied, all of them when None; its ``min_member`` is not read. ``subgroups.Tree`` reads them.
+    """
 
     name: str
-    min_member: int
+    min_member: int = 0
+    parent: str | None = None
+    min_subgroup: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Group:
     """A PodGroup: a gang of ``min_member`` pods that are placed all at once or not at all.
 
+    With ``subgroups`` the gang is KAI's tree: each leaf needs its own minimum of pods, each mid-level subgroup
+    ``min_subgroup`` of its children, and the group ``min_subgroup`` of its top-level subgroups (None: all of them);
+    ``min_member`` then only adds a floor on the total (the snapshot passes 0: KAI reads no PodGroup ``minMember``
+    beside subgroups). ``min_member`` 0 without subgroups is KAI's "no gang requirement": every pod is elastic.
+
     Members beyond the minimum are elastic extras, placed after every gang's minimum and evicted first. Members are
-    ordered by the builder (the engine sorts pending ones by creation time then uid). ``below_min_since_ns`` is when a
-    running gang fell below its minimum or a subgroup below its own (completed members counting as satisfied:
-    ``gangs.below_minimum`` says so), or None; after the stale-gang grace the whole gang is evicted.
+    ordered by the builder (the engine sorts pending ones by their task order, creation time then uid).
+    ``below_min_since_ns`` is when a running gang fell below its minimum or its tree short (completed members
+    counting as satisfied: ``gangs.below_minimum`` says so), or None; after the stale-gang grace the whole gang is
+    evicted.
     ``stale_grace_ns`` is the group's own grace (KAI's ``stalenessGracePeriod``; negative: never evicted as stale),
     None for ``Config.stale_gang_grace_ns``. ``evictions_from_ns``: before this time the group may take free room
     only, never evict others (KAI's ``preemptionDelay``, counted from its creation or last eviction); None: at once.
@@ -251,6 +296,7 @@ class Group:
     queue: QueueName
     min_member: int = 1
     subgroups: tuple[SubGroup, ...] = ()
+    min_subgroup: int | None = None
     priority: int = 50
     preemptible: bool = True
     created_ns: int = 0

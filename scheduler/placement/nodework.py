@@ -8,7 +8,9 @@ GPU group, the measured free memory and the free share that follows (``devices.f
 
 A ``gpu-memory`` share becomes ``ceil(bytes * 1000 / device memory)`` milli-GPU on each device, so the same request
 is a smaller share of a larger GPU. Opening a new group costs the node one pod slot: the reservation pod that holds
-the device (its own CPU and memory requests are negligible and not counted).
+the device (its own CPU and memory requests are negligible and not counted). A GPU group takes the compute mode of
+its first share, and a share joins only a group of its own mode (``joinable``); groups of KAI's default mode,
+time-slicing, are not recorded (``modes`` holds the others), so a node without SM sharing pays nothing for modes.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class NodeWork:
         "free_cpu",
         "free_mem",
         "free_pods",
+        "modes",
         "name",
         "node",
         "order",
@@ -75,6 +78,15 @@ class NodeWork:
         self.dev_allotted = [device.allotted_milli_gpu for device in node.devices]
         self.dev_whole = [device.is_free for device in node.devices]
         self.dev_group: list[model.GpuGroupId | None] = [device.gpu_group for device in node.devices]
+        self.modes: dict[model.GpuGroupId, model.ComputeMode] = {
+            device.gpu_group: device.compute_mode
+            for device in node.devices
+            if device.gpu_group is not None
+            and device.compute_mode is not None
+            and device.compute_mode is not model.ComputeMode.TIME_SLICING
+        }
+        """The compute mode of each GPU group not in KAI's default (time-slicing). Only ever grows during a cycle: a
+        group id names one group for good, so an entry outliving its group is never read again."""
         self.dev_pod_gpus = [_pod_gpus(device, node.devices) for device in node.devices]
         """Per device held whole by a pod we know, how many devices of the node that pod holds; else 0."""
         self.fixed = (self.alloc_cpu, self.alloc_mem, self.dev_mem, self.dev_model)
@@ -132,6 +144,20 @@ class NodeWork:
         self.dev_pod_gpus = saved.dev_pod_gpus
         self.whole_count = saved.whole_count
 
+    def mode_of(self, device: int) -> model.ComputeMode | None:
+        """The compute mode of the device's GPU group; None when the device is not shared."""
+        group = self.dev_group[device]
+        return None if group is None else self.modes.get(group, model.ComputeMode.TIME_SLICING)
+
+    def joinable(self, device: int, mode: model.ComputeMode) -> bool:
+        """May a share of ``mode`` join the device's GPU group (or open one on it)? Modes never mix on a device."""
+        group = self.dev_group[device]
+        return group is None or self.modes.get(group, model.ComputeMode.TIME_SLICING) == mode
+
+    def device_modes(self) -> tuple[str, ...]:
+        """Per device, the compute mode of its GPU group, "" where it is not shared."""
+        return tuple(self.mode_of(device) or "" for device in range(len(self.dev_group)))
+
     def build_state(self) -> scoring.NodeState:
         """The node as a scorer sees it."""
         return scoring.NodeState(
@@ -145,6 +171,7 @@ class NodeWork:
             device_whole_free=tuple(self.dev_whole),
             device_shared=tuple(group is not None for group in self.dev_group),
             device_pod_gpus=tuple(self.dev_pod_gpus),
+            device_modes=self.device_modes() if self.modes else (),
         )
 
     # --- device choice ------------------------------------------------------------------------------------------
@@ -168,15 +195,21 @@ class NodeWork:
             return (share.milli_gpu,) * len(self.dev_mem)
         return tuple(model.share_milli_on(share, memory) for memory in self.dev_mem)
 
-    def share_candidates(self, per_device: tuple[int, ...], models: tuple[str, ...]) -> list[int]:
-        """Devices where a share fits now: shared with room, or free; equal devices collapse to the lowest index."""
+    def share_candidates(
+        self, per_device: tuple[int, ...], models: tuple[str, ...], mode: model.ComputeMode
+    ) -> list[int]:
+        """Devices where a share of ``mode`` fits now: shared (in that mode) with room, or free; equal devices
+        collapse to the lowest index."""
         seen: set[tuple[int, bool, int]] = set()
         found: list[int] = []
+        check_modes = bool(self.modes) or mode is not model.ComputeMode.TIME_SLICING
         for device, free in enumerate(self.dev_free):
             need = per_device[device]
             if need > devices.FULL or free < need or not self.model_allowed(device, models):
                 continue
             if self.dev_group[device] is None and not self.dev_whole[device]:
+                continue
+            if check_modes and not self.joinable(device, mode):
                 continue
             key = (free, self.dev_group[device] is not None, self.dev_mem[device])
             if key in seen:
@@ -201,13 +234,18 @@ class NodeWork:
             self.refresh_device(device)
         self.whole_count = sum(self.dev_whole)
 
-    def take_share(self, device: int, milli: int, group: model.GpuGroupId) -> bool:
-        """Put a share on ``device`` of ``group``; returns True when this opens the group (a reservation pod)."""
+    def take_share(
+        self, device: int, milli: int, group: model.GpuGroupId, mode: model.ComputeMode = model.ComputeMode.TIME_SLICING
+    ) -> bool:
+        """Put a share of ``mode`` on ``device`` of ``group``; returns True when this opens the group (a reservation
+        pod), which then takes the share's mode."""
         opens = self.dev_group[device] is None
         if opens:
             self.dev_whole[device] = False
             self.dev_group[device] = group
             self.free_pods -= 1
+            if mode is not model.ComputeMode.TIME_SLICING:
+                self.modes[group] = mode
         self.dev_allotted[device] += milli
         measured = self.dev_meas[device]
         if measured is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from common.resources import Resources
-from scheduler.placement import diagnosis, fairshare, model, search, shapes, status
+from scheduler.placement import diagnosis, fairshare, gangs, model, search, shapes, status
 
 
 class Explainer:
@@ -84,14 +84,26 @@ def failure_status(
         needs = f", {status.amount_text(fairshare.Kind.GPU, gpu)} in all" if gpu > 0 else ""
         return status.unschedulable(
             status.Reason.GANG_DOES_NOT_FIT,
-            f"gang of {len(minimum)} pods must start together (minMember {group.min_member}{needs}), "
+            f"gang of {len(minimum)} pods must start together ({gangs.requirement(group)}{needs}), "
             f"and they do not all fit at once: {detail}{why}",
         )
     return status.unschedulable(reason, f"{pod_text}: {text}{why}")
 
 
-def elastic_status(explainer: Explainer, pod: model.Pod, shape: shapes.Shape, refusal: str | None) -> status.Status:
-    """The status of a group whose elastic pod beyond the minimum found no room."""
-    reason, text = explainer.explain(shape)
+def elastic_status(
+    explainer: Explainer, step: Sequence[model.Pod], pod_shapes: Sequence[shapes.Shape], refusal: str | None
+) -> status.Status:
+    """The status of a group whose elastic step beyond the minimum (a pod, or a subgroup's own minimum, with
+    ``pod_shapes`` in its order) found no room."""
+    position = next((index for index, shape in enumerate(pod_shapes) if not explainer.summary(shape)[1]), 0)
+    reason, text = explainer.explain(pod_shapes[position])
     why = f"; not reclaimed: {refusal}" if refusal else ""
-    return status.unschedulable(reason, f"elastic pod {pod.name} beyond the minimum waits: {text}{why}")
+    pod = step[position]
+    if len(step) == 1:
+        return status.unschedulable(reason, f"elastic pod {pod.name} beyond the minimum waits: {text}{why}")
+    leaves = sorted({str(member.subgroup) for member in step})
+    return status.unschedulable(
+        reason,
+        f"{len(step)} pods beyond the minimum (subgroups {', '.join(leaves)}) wait: they must start together, "
+        f"to their subgroups' own minimums; {pod.name}: {text}{why}",
+    )

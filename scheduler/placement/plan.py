@@ -35,6 +35,10 @@ class Plan:
     moves: tuple[decisions.Placement, ...] = ()
     """Where each moved pod (an eviction with ``moved_to``) would be placed again: proof that the move is possible.
     Nothing binds them; the pod is placed afresh when its owner recreates it."""
+    wake_ns: int | None = None
+    """The earliest time at which the same state would give another plan (a preemption delay or a stale gang's grace
+    ending, a victim reaching its min-runtime); None when no decision waited on the clock. The scheduler runs a
+    cycle then, whatever else happens."""
 
 
 def pod_amounts(pod: model.Pod) -> Resources:
@@ -154,9 +158,10 @@ class Draft:
         gpu_groups: list[model.GpuGroupId] = []
         opens: list[bool] = []
         if choice.share_milli:
+            mode = pod.share.compute_mode if pod.share is not None else model.ComputeMode.TIME_SLICING
             for device, milli in zip(choice.devices, choice.share_milli, strict=True):
                 gpu_group = work.dev_group[device] or devices.new_group_id(work.name, device, pod.uid)
-                opens.append(work.take_share(device, milli, gpu_group))
+                opens.append(work.take_share(device, milli, gpu_group, mode))
                 gpu_groups.append(gpu_group)
             gpu = sum(choice.share_milli)
         else:
@@ -228,6 +233,8 @@ class Draft:
         self,
         statuses: Mapping[model.GroupId, status.Status],
         queues: Mapping[model.QueueName, fairshare.Share],
+        *,
+        wake_ns: int | None = None,
     ) -> Plan:
         """The plan as a value; undoes every change on the working state."""
         moves = self.bound(Kind.MOVE)
@@ -242,6 +249,7 @@ class Draft:
             queues=queues,
             nominations=tuple(self.bound(Kind.RESERVE)),
             moves=tuple(moves),
+            wake_ns=wake_ns,
         )
         self.capacity.rollback(self._start)
         # Undoing every entry would give the same sums; putting the starting ones back is cheaper.

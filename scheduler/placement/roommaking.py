@@ -72,6 +72,8 @@ class Scene:
     """Groups with running members, per leaf queue, in id order."""
     clock_matters: bool = False
     """Set when a decision depended on the time: a victim too young, a stale gang within its grace."""
+    wake_ns: int | None = None
+    """The earliest time at which such a decision would go the other way (``wake_at``); None: none known."""
     _sorted: dict[object, list[victims.Unit]] = dataclasses.field(default_factory=dict)
     _failures: dict[tuple[object, ...], int] = dataclasses.field(default_factory=dict)
 
@@ -97,13 +99,18 @@ class Scene:
         self._failures[key] = len(self.draft.evictions)
 
     def old_enough(self, unit: victims.Unit, min_runtime_ns: int) -> bool:
-        """The min-runtime check, noting that the answer depends on the time."""
+        """The min-runtime check, noting that the answer depends on the time (and when it changes)."""
         if min_runtime_ns <= 0:
             return True
         if victims.old_enough(unit, now_ns=self.snapshot.now_ns, min_runtime_ns=min_runtime_ns):
             return True
-        self.clock_matters = True
+        self.wake_at(unit.youngest_started_ns + min_runtime_ns)
         return False
+
+    def wake_at(self, moment_ns: int) -> None:
+        """A decision depended on the time and goes the other way at ``moment_ns``."""
+        self.clock_matters = True
+        self.wake_ns = moment_ns if self.wake_ns is None else min(self.wake_ns, moment_ns)
 
     def shape(self, pod: model.Pod) -> shapes.Shape:
         return self.pod_shapes.get(pod.uid) or shapes.shape_of(pod)

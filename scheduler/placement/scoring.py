@@ -20,7 +20,8 @@ on it, as in KAI (its node order, then its GPU order on the chosen node):
 
 Whether a node has a shared device the share fits in is read from the node's state, which does not say which GPU
 models a pod allows: on a node with devices of several models, a device of a model the pod does not allow still
-counts (nodes hold one GPU model in practice).
+counts (nodes hold one GPU model in practice). A shared device of another compute mode than the share's does not
+count (``device_modes``: shares of different modes never share a device).
 
 The score is built from explicit, bounded parts (``lexicographic``), never from magnitudes that only order
 correctly by accident. The simulator adds other scorers (FGD and a fragmentation-aware one) through the same
@@ -34,7 +35,7 @@ import enum
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from common import quantities
+from common import names, quantities
 
 MILLI_GPU_PER_DEVICE = quantities.MILLI_GPU_PER_GPU
 # Every part of a built-in score lies in [0, _PART): milli-GPU per device is at most 1000, a node's free devices are
@@ -59,7 +60,9 @@ class NodeState:
     ``device_whole_free``: the device is free for a whole-GPU pod or a new GPU group. ``device_shared``: the device
     belongs to a GPU group (a share may join it). ``device_pod_gpus``: for a device a pod holds whole, the number of
     devices of the node that pod holds (so one 2-GPU pod and two 1-GPU pods look different); 0 for a free or shared
-    device, or one held by something the scheduler does not know.
+    device, or one held by something the scheduler does not know. ``device_modes``: per shared device the compute
+    mode of its GPU group ("" for the others); empty when every group on the node is in KAI's default mode,
+    time-slicing.
     """
 
     free_milli_cpu: int
@@ -72,6 +75,7 @@ class NodeState:
     device_whole_free: tuple[bool, ...]
     device_shared: tuple[bool, ...]
     device_pod_gpus: tuple[int, ...]
+    device_modes: tuple[str, ...] = ()
 
     @property
     def whole_free_count(self) -> int:
@@ -84,6 +88,7 @@ class GpuRequest:
 
     ``share_milli`` is already converted for the node being scored (a gpu-memory share differs per device size;
     the engine passes the per-device shares in ``share_milli_per_device`` then, in device index order).
+    ``compute_mode`` is a share's compute mode (KAI's ``gpu-compute.mode``).
     """
 
     milli_cpu: int = 0
@@ -92,6 +97,7 @@ class GpuRequest:
     share_milli: int = 0
     share_devices: int = 0
     share_milli_per_device: tuple[int, ...] = ()
+    compute_mode: str = names.TIME_SLICING
 
     @property
     def is_share(self) -> bool:
@@ -194,7 +200,13 @@ class BuiltinScorer:
 def _has_group_for(state: NodeState, request: GpuRequest) -> bool:
     """Has the node a shared device the share fits in (KAI's GPU-sharing node order)?"""
     free = state.device_free_milli
-    return any(shared and free[device] >= request.share_on(device) for device, shared in enumerate(state.device_shared))
+    modes = state.device_modes
+    return any(
+        shared
+        and free[device] >= request.share_on(device)
+        and (modes[device] == request.compute_mode if modes else request.compute_mode == names.TIME_SLICING)
+        for device, shared in enumerate(state.device_shared)
+    )
 
 
 def builtin(*, node: Strategy, device: Strategy, demanded: Sequence[int] = ()) -> BuiltinScorer:

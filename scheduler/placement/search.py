@@ -310,6 +310,7 @@ def _request(shape: shapes.Shape, per_device: tuple[int, ...] | None) -> scoring
             memory_bytes=shape.memory_bytes,
             share_milli=share.milli_gpu,
             share_devices=share.devices,
+            compute_mode=share.compute_mode.value,
         )
     return scoring.GpuRequest(
         milli_cpu=shape.milli_cpu,
@@ -317,6 +318,7 @@ def _request(shape: shapes.Shape, per_device: tuple[int, ...] | None) -> scoring
         share_milli=max(per_device or (0,)),
         share_devices=share.devices,
         share_milli_per_device=per_device or (),
+        compute_mode=share.compute_mode.value,
     )
 
 
@@ -333,7 +335,8 @@ def _device_choices(work: nodework.NodeWork, shape: shapes.Shape) -> list[tuple[
         chosen = work.pick_whole(shape.whole_gpus, models)
         return [] if chosen is None else [(chosen, ())]
     per_device = work.share_on_each(shape.share)
-    candidates = work.share_candidates(per_device, models)
+    mode = shape.share.compute_mode
+    candidates = work.share_candidates(per_device, models, mode)
     if shape.share.devices == 1:
         return [((device,), per_device) for device in candidates]
     # Several devices: every candidate device is distinct after collapsing equal ones, which would hide the
@@ -344,6 +347,7 @@ def _device_choices(work: nodework.NodeWork, shape: shapes.Shape) -> list[tuple[
         if per_device[device] <= free
         and work.model_allowed(device, models)
         and (work.dev_group[device] is not None or work.dev_whole[device])
+        and work.joinable(device, mode)
     ]
     if len(fitting) < shape.share.devices:
         return []

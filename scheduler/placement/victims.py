@@ -1,15 +1,18 @@
 """Victims: what may be evicted as one unit, and in which order, so that evictions disturb the least.
 
-A running gang can lose pods beyond its minimum (its elastic *extras*) one at a time, but evicting any member of its
-minimum breaks the gang, so the rest of it goes with that member: the unit is then the whole running group. Which
-pods are the extras is not fixed in advance: every running pod the gang (and the pod's subgroup) could do without is
-offered as a one-pod unit, so room-making takes the ones that run where room is needed (KAI splits a victim job into
-its elastic tasks and its core the same way). ``can_take`` checks, at the moment of eviction, that the gang still
-keeps its minimum without the pod: a gang of minimum 2 running 4 pods gives up at most 2 of them as extras.
+A running gang can lose the pods beyond its minimum (its elastic *extras*), but evicting any member of its minimum
+breaks the gang, so the rest of it goes with that member: the unit is then the whole running group. Which pods are
+the extras is not fixed in advance: every running pod the gang could do without is offered as a one-pod unit, so
+room-making takes the ones that run where room is needed (KAI splits a victim job into its elastic tasks and its
+core the same way). With a subgroup tree (``subgroups``), a pod its leaf can do without is such a unit, and so is a
+whole subgroup its parent can do without (a replica beyond ``minSubGroup``: KAI evicts it whole, never leaving it
+running below its own minimum). ``can_take`` checks, at the moment of eviction, that the gang still keeps its
+minimum without the unit: a gang of minimum 2 running 4 pods gives up at most 2 of them as extras.
 
 Units are tried lowest priority first (KAI takes its victims in reverse job order, lowest priority first), then
-fewest pods, then least GPU, then youngest (most recently started), then by group id and pod uid, so the choice is
-deterministic.
+fewest pods, then in reverse task order (KAI evicts a job's elastic pods that way: an unlabelled pod before a
+labelled one, a lower ``kai.scheduler/task-priority`` before a higher one), then least GPU, then youngest (most
+recently started), then by group id and pod uid, so the choice is deterministic.
 
 Min-runtimes protect young pods: a pod that has run less than its queue's ``reclaimMinRuntime`` (for reclaim) or
 ``preemptMinRuntime`` (for preemption and consolidation) is not a victim yet.
@@ -18,10 +21,10 @@ Min-runtimes protect young pods: a pod that has run less than its queue's ``recl
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Container
+from collections.abc import Container, Sequence
 
 from common.resources import Resources
-from scheduler.placement import model, plan
+from scheduler.placement import model, plan, subgroups
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -34,13 +37,18 @@ class Unit:
     """What the pods hold, as queues count it."""
     youngest_started_ns: int
     extra: bool = False
-    """One pod beyond the gang's minimum: the gang keeps running without it (checked again by ``can_take``)."""
+    """A part the gang keeps running without (one elastic pod, or a whole subgroup beyond its parent's minimum):
+    checked again by ``can_take``."""
 
     @property
-    def order_key(self) -> tuple[int, int, int, int, str, str]:
+    def order_key(self) -> tuple[int, int, int, int, int, str, str]:
+        # Reverse task order for a one-pod unit; a larger unit is a part of the gang or all of it, where no one
+        # pod's task priority speaks for the rest.
+        task = -self.pods[0].task_order if len(self.pods) == 1 else -model.UNLABELLED_TASK
         return (
             self.group.priority,
             len(self.pods),
+            task,
             self.amounts.milli_gpu,
             -self.youngest_started_ns,
             self.group.id,
@@ -52,67 +60,71 @@ def started(pod: model.Pod) -> int:
     return pod.started_ns if pod.started_ns is not None else pod.created_ns
 
 
-def _satisfied(pod: model.Pod, evicted: Container[model.PodUid]) -> bool:
-    if pod.phase is model.PodPhase.SUCCEEDED:
-        return True
-    return pod.phase is model.PodPhase.RUNNING and pod.uid not in evicted
+def _unit(group: model.Group, pods: Sequence[model.Pod], *, extra: bool) -> Unit:
+    return Unit(
+        group=group,
+        pods=tuple(pods),
+        amounts=sum((plan.pod_amounts(pod) for pod in pods), model.ZERO),
+        youngest_started_ns=max(started(pod) for pod in pods),
+        extra=extra,
+    )
 
 
 def units(group: model.Group, evicted: Container[model.PodUid]) -> list[Unit]:
-    """The eviction units of a running group: each pod it could do without, then the whole group."""
+    """The eviction units of a running group: each pod it could do without, each subgroup it could do without,
+    then the whole group."""
     running = [pod for pod in group.members if pod.phase is model.PodPhase.RUNNING and pod.uid not in evicted]
     if not running:
         return []
     found: list[Unit] = []
-    satisfied = sum(1 for pod in group.members if _satisfied(pod, evicted))
+    satisfied = sum(1 for pod in group.members if subgroups.satisfied(pod, evicted))
     if len(running) > 1 and satisfied > group.min_member:
-        minimums = {sub.name: sub.min_member for sub in group.subgroups}
-        per_subgroup: dict[str, int] = {}
-        for pod in group.members:
-            if pod.subgroup is not None and _satisfied(pod, evicted):
-                per_subgroup[pod.subgroup] = per_subgroup.get(pod.subgroup, 0) + 1
-        for pod in sorted(running, key=lambda pod: (-started(pod), pod.uid)):
-            if pod.subgroup is not None and per_subgroup[pod.subgroup] <= minimums.get(pod.subgroup, 0):
-                continue
-            found.append(
-                Unit(
-                    group=group,
-                    pods=(pod,),
-                    amounts=plan.pod_amounts(pod),
-                    youngest_started_ns=started(pod),
-                    extra=True,
-                )
-            )
-    ordered = tuple(sorted(running, key=lambda pod: pod.uid))
-    found.append(
-        Unit(
-            group=group,
-            pods=ordered,
-            amounts=sum((plan.pod_amounts(pod) for pod in running), model.ZERO),
-            youngest_started_ns=max(started(pod) for pod in running),
-        )
-    )
+        youngest_first = sorted(running, key=lambda pod: (-started(pod), pod.uid))
+        if not group.subgroups:
+            found += [_unit(group, (pod,), extra=True) for pod in youngest_first]
+        else:
+            shape = subgroups.of(group)
+            before = subgroups.leaf_counts(shape, group.members, evicted)
+            for pod in youngest_first:
+                after = dict(before)
+                if pod.subgroup in after:
+                    after[pod.subgroup] -= 1
+                if subgroups.keeps(shape, before, after):
+                    found.append(_unit(group, (pod,), extra=True))
+            for name in shape.order:
+                leaves = shape.leaves[name]
+                part = [pod for pod in running if pod.subgroup in leaves]
+                if 1 < len(part) < len(running) and spare(group, part, evicted):
+                    found.append(_unit(group, sorted(part, key=lambda pod: pod.uid), extra=True))
+    found.append(_unit(group, sorted(running, key=lambda pod: pod.uid), extra=False))
     return found
 
 
-def _spare(group: model.Group, pod: model.Pod, evicted: Container[model.PodUid]) -> bool:
-    """Would the gang, and the pod's subgroup, still have its minimum without ``pod``?"""
-    satisfied = sum(1 for member in group.members if _satisfied(member, evicted))
-    if satisfied - 1 < group.min_member:
+def spare(group: model.Group, pods: Sequence[model.Pod], evicted: Container[model.PodUid]) -> bool:
+    """Would the gang keep its minimum (and every satisfied subgroup its own, or none of its pods) without ``pods``,
+    besides the pods already ``evicted``?"""
+    gone = {pod.uid for pod in pods}
+    members = group.members
+    left = sum(1 for pod in members if pod.uid not in gone and subgroups.satisfied(pod, evicted))
+    if left < group.min_member:
         return False
-    if pod.subgroup is None:
+    if not group.subgroups:
         return True
-    minimum = next((sub.min_member for sub in group.subgroups if sub.name == pod.subgroup), 0)
-    in_subgroup = sum(1 for member in group.members if member.subgroup == pod.subgroup and _satisfied(member, evicted))
-    return in_subgroup - 1 >= minimum
+    shape = subgroups.of(group)
+    before = subgroups.leaf_counts(shape, members, evicted)
+    after = dict(before)
+    for pod in pods:
+        if pod.subgroup in after and subgroups.satisfied(pod, evicted):
+            after[pod.subgroup] -= 1
+    return subgroups.keeps(shape, before, after)
 
 
 def can_take(unit: Unit, evicted: Container[model.PodUid]) -> bool:
     """May ``unit`` be evicted now, given the pods already evicted? An extra only while its gang keeps its minimum."""
     if not unit.extra:
         return True
-    pod = unit.pods[0]
-    return pod.uid not in evicted and _spare(unit.group, pod, evicted)
+    live = live_pods(unit, evicted)
+    return bool(live) and spare(unit.group, live, evicted)
 
 
 def live_pods(unit: Unit, evicted: Container[model.PodUid]) -> tuple[model.Pod, ...]:

@@ -4,8 +4,9 @@ A pod's place has two sources: the API (``spec.nodeName`` and the devices, share
 the pod) and, while a bind is in flight, the binder's ``Assumption``, which counts first. The milli-GPU a share takes
 on each device is the assumption's, else the one the binder recorded, else what the request comes to on that device
 (a ``gpu-memory`` request is a larger share of a smaller device). Its memory allotment is the ``gpu-memory`` bytes it
-asked for, else its share of the device's memory. Every reader of "what does this pod hold" goes through here, so
-the placement's accounting and the over-consumption detector cannot disagree about a pod.
+asked for, else its share of the device's memory; placement reserves that, and only the over-consumption detector
+reads a per-container memory limit above it (``limit_bytes``). Every reader of "what does this pod hold" goes
+through here, so the placement's accounting and the over-consumption detector cannot disagree about a pod.
 """
 
 from __future__ import annotations
@@ -57,3 +58,9 @@ def share_milli(request: gpurequest.GpuRequest, holding: Holding, device_memory_
 def allotted_bytes(request: gpurequest.GpuRequest, share: int, device_memory_bytes: int) -> int:
     """The GPU memory a share is entitled to on its device: its ``gpu-memory``, else its share of the device."""
     return request.memory_bytes or devices.share_bytes(share, device_memory_bytes)
+
+
+def limit_bytes(request: gpurequest.GpuRequest, allotted: int) -> int:
+    """The most a share may use on its device while the device has headroom: KAI's per-container memory limit
+    (NvFractions' dynamic fractions) where it is above the allotment; else 0, held to its allotment."""
+    return request.memory_limit_bytes if request.memory_limit_bytes > allotted else 0

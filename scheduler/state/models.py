@@ -48,6 +48,7 @@ def build_node(node: NodeRecord, pods: Sequence[PodRecord], assumed: Mapping[str
     holders: list[list[str]] = [[] for _ in range(gpu_count)]
     whole = [False] * gpu_count
     groups: list[str | None] = [None] * gpu_count
+    modes: list[model.ComputeMode | None] = [None] * gpu_count
     used = Resources()
     unplaced_whole: list[tuple[str, int]] = []
     reservations: list[tuple[str, str]] = []
@@ -72,6 +73,8 @@ def build_node(node: NodeRecord, pods: Sequence[PodRecord], assumed: Mapping[str
                 holders[index].append(uid)
                 if position < len(holding.gpu_groups):
                     groups[index] = holding.gpu_groups[position]
+                # The group's mode is its shares' (modes never mix on a device: the first one read stands).
+                modes[index] = modes[index] or model.ComputeMode(request.compute_mode)
         elif devices:
             for index in devices:
                 allotted[index] = model.MILLI_GPU_PER_DEVICE
@@ -101,6 +104,7 @@ def build_node(node: NodeRecord, pods: Sequence[PodRecord], assumed: Mapping[str
             holders=tuple(model.PodUid(uid) for uid in sorted(holders[index])),
             whole=whole[index],
             gpu_group=_group_id(groups[index]),
+            compute_mode=modes[index] if groups[index] is not None else None,
         )
         for index in range(gpu_count)
     )
@@ -127,7 +131,12 @@ def pod_from(pod: PodRecord) -> model.Pod | Problem:
     requests = pod.requests
     share = None
     if request.is_share:
-        share = model.GpuShare(milli_gpu=request.milli_gpu, memory_bytes=request.memory_bytes, devices=request.devices)
+        share = model.GpuShare(
+            milli_gpu=request.milli_gpu,
+            memory_bytes=request.memory_bytes,
+            devices=request.devices,
+            compute_mode=model.ComputeMode(request.compute_mode),
+        )
     else:
         requests = dataclasses.replace(requests, milli_gpu=request.whole * model.MILLI_GPU_PER_DEVICE)
     if pod.phase is Phase.SUCCEEDED:
@@ -154,7 +163,16 @@ def pod_from(pod: PodRecord) -> model.Pod | Problem:
         allotted_milli_gpu=(pod.share_milli or share.milli_gpu) if share is not None and pod.node else 0,
         started_ns=pod.started_ns,
         nominated_node=model.NodeName(pod.nominated_node) if pod.nominated_node else None,
+        task_order=_task_order(pod.task_priority),
     )
+
+
+def _task_order(priority: int | Problem | None) -> int:
+    """KAI's task order from the ``kai.scheduler/task-priority`` label: an unreadable label goes after the readable
+    ones (KAI's ``taskorder`` plugin)."""
+    if isinstance(priority, Problem):
+        return model.task_order(None, unreadable=True)
+    return model.task_order(priority)
 
 
 def build_queues(queues: Mapping[str, QueueRecord]) -> tuple[dict[model.QueueName, model.Queue], list[QueueIssue]]:

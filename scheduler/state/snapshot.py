@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import Protocol
 
-from common import logs
+from common import logs, names
 from scheduler.objects import gpurequest
 from scheduler.objects.records import NodeRecord, Phase, PodGroupRecord, PodRecord, Problem
 from scheduler.placement import gangs, model
@@ -32,6 +33,9 @@ from scheduler.telemetry import headroom
 from scheduler.telemetry import health as gpuhealth
 
 log = logs.get("scheduler")
+
+_DEFAULT_SUBGROUP = "default"
+"""KAI's subgroup of a pod without the subgroup label (``podgroup_info.DefaultSubGroup``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -264,6 +268,8 @@ class SnapshotBuilder:
             return None, ()
         queue, priority, preemptible = models.group_settings(podgroup, state.priority_classes)
         invalid = _invalid_spec(podgroup)
+        tree = _tree(podgroup)
+        leaves = {sub.name for sub in tree} - {sub.parent for sub in tree}
         pods: list[model.Pod] = []
         issues: list[PodIssue] = []
         for uid in sorted(members):
@@ -281,6 +287,12 @@ class SnapshotBuilder:
             if isinstance(pod, Problem):
                 issues.append(_issue(record, "InvalidPodSpec", f"{pod.field}: {pod.message}"))
                 continue
+            if tree and pod.subgroup not in leaves:
+                pod = _in_default_subgroup(pod, leaves)
+                if pod.subgroup not in leaves and pod.phase is model.PodPhase.PENDING and uid not in state.assumed:
+                    # KAI leaves such a pod out (InvalidSubGroupTasks); one already running still counts.
+                    issues.append(_issue(record, "InvalidPodGroup", _no_subgroup(key, record, leaves)))
+                    continue
             assumption = state.assumed.get(uid)
             if assumption is not None and pod.phase is model.PodPhase.PENDING:
                 pod = dataclasses.replace(
@@ -299,8 +311,9 @@ class SnapshotBuilder:
         group = model.Group(
             id=models.group_id(*key),
             queue=model.QueueName(queue),
-            min_member=podgroup.min_member,
-            subgroups=podgroup.subgroups,
+            min_member=_min_member(podgroup),
+            subgroups=tree,
+            min_subgroup=podgroup.min_subgroup if tree else None,
             priority=priority,
             preemptible=preemptible,
             created_ns=podgroup.created_ns,
@@ -316,6 +329,40 @@ class SnapshotBuilder:
         else:
             self._below_min_since.pop(key, None)
         return group, tuple(issues)
+
+
+def _min_member(podgroup: PodGroupRecord) -> int:
+    """The gang size the engine holds the group to: none beside a subgroup tree (KAI reads the tree alone), none for
+    ``minMember: 0`` (KAI's "no gang requirement"), else ``minMember`` (1 when unset)."""
+    if podgroup.subgroup_tree or podgroup.min_member_declared == 0:
+        return 0
+    return podgroup.min_member
+
+
+def _tree(podgroup: PodGroupRecord) -> tuple[model.SubGroup, ...]:
+    """The PodGroup's subgroup tree for the engine; a leaf's unset ``minMember`` is 0, as KAI's scheduler reads it."""
+    return tuple(
+        model.SubGroup(
+            name=spec.name, min_member=spec.min_member or 0, parent=spec.parent, min_subgroup=spec.min_subgroup
+        )
+        for spec in podgroup.subgroup_tree
+    )
+
+
+def _in_default_subgroup(pod: model.Pod, leaves: AbstractSet[str]) -> model.Pod:
+    """A pod that names no subgroup is in KAI's ``default`` one, where the tree has a leaf of that name."""
+    if pod.subgroup is None and _DEFAULT_SUBGROUP in leaves:
+        return dataclasses.replace(pod, subgroup=_DEFAULT_SUBGROUP)
+    return pod
+
+
+def _no_subgroup(key: GroupKey, pod: PodRecord, leaves: AbstractSet[str]) -> str:
+    named = f"subgroup {pod.subgroup!r}" if pod.subgroup else "no subgroup"
+    known = ", ".join(sorted(leaves))
+    return (
+        f"PodGroup {key[0]}/{key[1]}: the pod names {named} ({names.SUBGROUP_LABEL}), and only its leaf "
+        f"subgroups take pods: {known}"
+    )
 
 
 def _invalid_spec(podgroup: PodGroupRecord) -> str:

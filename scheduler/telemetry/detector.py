@@ -7,6 +7,10 @@ device (a claim about a pod the scheduler knows but that is not bound to the rep
 (over-consumption, a ghost allocation, unattributed memory), and advances each one: it fires once it has held for
 its grace period, resolves when a sample no longer shows it, and, under the ``evict`` policy, becomes an eviction
 once it has fired for the evict grace.
+
+A pod with a memory limit above its allotment (``overuse.PodDevice.limit_bytes``) is over-consuming only past its
+limit, or between the two once its device's measured headroom (total minus the window's peak, the current sample
+included, minus ``Settings.headroom_margin_bytes``) is gone: then its neighbours are at risk as with any over-use.
 """
 
 from __future__ import annotations
@@ -87,11 +91,21 @@ class OveruseDetector:
         self._settings = settings
         self._conditions: dict[str, dict[_Key, _Condition]] = {}
 
-    def observe(self, sample: overuse.NodeSample, view: overuse.NodeView, *, now_ns: int) -> overuse.NodeResult:
+    def observe(
+        self,
+        sample: overuse.NodeSample,
+        view: overuse.NodeView,
+        *,
+        now_ns: int,
+        peak_used_bytes: Mapping[int, int] | None = None,
+    ) -> overuse.NodeResult:
+        """Advance the node's conditions with ``sample``. ``peak_used_bytes``: per device index, the peak of used
+        memory over the headroom window before this sample (``headroom.HeadroomTracker.peaks``), for pods allowed
+        above their allotment up to a limit; without it the sample alone is the peak."""
         telemetry = sample.telemetry
         node = telemetry.node
         attribution = attribute(telemetry, view.known_pods)
-        findings = self._findings(telemetry, view, attribution)
+        findings = self._findings(telemetry, view, attribution, peak_used_bytes or {})
         transitions: list[overuse.Transition] = []
         evictions: list[overuse.Eviction] = []
         previous = self._conditions.get(node, {})
@@ -154,7 +168,11 @@ class OveruseDetector:
             evictions.append(_eviction(finding.eviction, now_ns=now_ns, since_ns=condition.since_ns))
 
     def _findings(
-        self, telemetry: wire.NodeTelemetry, view: overuse.NodeView, attribution: Attribution
+        self,
+        telemetry: wire.NodeTelemetry,
+        view: overuse.NodeView,
+        attribution: Attribution,
+        peaks: Mapping[int, int],
     ) -> dict[_Key, _Finding]:
         settings = self._settings
         node = telemetry.node
@@ -182,7 +200,21 @@ class OveruseDetector:
             if used <= allotted + tolerance and not ghost:
                 continue  # the common case, kept cheap: nothing to name, no neighbours to list
             neighbours = tuple(sorted(other.display for other in on_device[gpu.index] if other.uid != pod.uid))
-            if used > allotted + tolerance:
+            over = used > allotted + tolerance
+            why = ""
+            if over and device.limit_bytes > allotted:
+                headroom = _headroom(gpu, peaks, settings.headroom_margin_bytes)
+                if used > device.limit_bytes + settings.tolerance_for(device.limit_bytes):
+                    allotted, tolerance = device.limit_bytes, settings.tolerance_for(device.limit_bytes)
+                    why = " (its limit)"
+                elif headroom > 0:
+                    over = False  # between its request and its limit, while the device has room: allowed
+                else:
+                    why = (
+                        f" (its request; its limit {quantities.format_bytes(device.limit_bytes)} holds only while "
+                        f"the device has headroom, and it has {quantities.format_bytes(headroom)})"
+                    )
+            if over:
                 policy = view.policies.get(pod.queue, settings.default_policy)
                 findings[(overuse.AlertName.GPU_MEMORY_OVERCONSUMPTION, pod.uid, gpu.index)] = _Finding(
                     template=_pod_template(
@@ -198,7 +230,7 @@ class OveruseDetector:
                         neighbours=neighbours,
                         message=(
                             f"pod {pod.display} uses {quantities.format_bytes(used)} on GPU {gpu.index} ({gpu.uuid}) "
-                            f"of node {node}, allotted {quantities.format_bytes(allotted)} (tolerance "
+                            f"of node {node}, allotted {quantities.format_bytes(allotted)}{why} (tolerance "
                             f"{quantities.format_bytes(tolerance)}); policy {policy.value}; neighbours at risk: "
                             f"{', '.join(neighbours) or 'none'}"
                         ),
@@ -295,6 +327,13 @@ class OveruseDetector:
                     grace_ns=settings.grace_ns,
                 )
         return findings
+
+
+def _headroom(gpu: wire.GpuReport, peaks: Mapping[int, int], margin_bytes: int) -> int:
+    """The device's measured headroom: total minus the peak of used memory over the window (this sample included)
+    minus the margin, as placement measures it (``headroom``, ``placement.devices.measured_free_bytes``)."""
+    peak = max(peaks.get(gpu.index, 0), gpu.memory_used_bytes)
+    return gpu.memory_total_bytes - peak - margin_bytes
 
 
 def _devices_in_use(

@@ -11,7 +11,8 @@ that leave a node's samples and nodes that are forgotten drop their rings.
 
 ``device_view`` fills the three measured fields of ``scheduler.placement.model.Device``: ``peak_used_bytes`` (None
 without a sample in the window), ``telemetry_stale`` (from ``staleness``) and ``unattributed_bytes`` (from
-``detector.attribute``). Pure: the time is an argument.
+``detector.attribute``). ``peaks`` gives the same peaks to the over-consumption detector, which lets a pod use memory
+between its request and its limit while that headroom lasts. Pure: the time is an argument.
 """
 
 from __future__ import annotations
@@ -80,6 +81,16 @@ class HeadroomTracker:
         oldest = now_ns - self._window_ns
         peaks = [used for received_ns, used in ring.samples if received_ns >= oldest]
         return max(peaks) if peaks else None
+
+    def peaks(self, node: str, *, now_ns: int) -> dict[int, int]:
+        """Per device index of ``node``, the peak used memory within the window before ``now_ns`` (devices without
+        a sample there left out): what the over-consumption detector measures a device's headroom by."""
+        found: dict[int, int] = {}
+        for index in self._nodes.get(node, {}):
+            peak = self.peak_used_bytes(node, index, now_ns=now_ns)
+            if peak is not None:
+                found[index] = peak
+        return found
 
     def device_view(self, node: str, index: int, *, now_ns: int, stale: bool) -> DeviceView:
         ring = self._nodes.get(node, {}).get(index)

@@ -159,7 +159,8 @@ class LiveTelemetry:
                 node, interval_ms=telemetry.interval_ms, received_ns=sample.received_ns
             )
             on_node = self._node_views.on_node(node, telemetry, problems)
-            result = self.detector.observe(sample, on_node.view, now_ns=now_ns)
+            peaks = self.headroom.peaks(node, now_ns=sample.received_ns)
+            result = self.detector.observe(sample, on_node.view, now_ns=now_ns, peak_used_bytes=peaks)
             transitions += result.transitions
             evictions += result.evictions
             foreign += result.foreign_claims

@@ -5,8 +5,14 @@ Inputs are plain values the scheduler builds from its cluster state, per node, w
 - ``NodeSample``: the decoded ``wire.NodeTelemetry`` and when it was received (ns);
 - ``NodeView``: the pods bound to that node (``PodView``: uid, namespace, name, queue, phase and, per device, the
   allotment in bytes: fraction x device memory, the ``gpu-memory`` bytes, or the whole device memory for a whole-GPU
-  pod), the holders of each device in the scheduler's accounting (``model.Device.holders``), every pod the scheduler
-  knows (to tell a pod of another node from a pod it does not know), and the overuse policy per queue.
+  pod, and for KAI's per-container memory its limit), the holders of each device in the scheduler's accounting
+  (``model.Device.holders``), every pod the scheduler knows (to tell a pod of another node from a pod it does not
+  know), and the overuse policy per queue.
+
+A pod with a limit above its allotment (KAI v0.18's ``nvidia.com/container.<c>.gpu-memory.limit``: dynamic
+fractions) may use memory between the two while its device has measured headroom, the placement engine's measure:
+total minus the peak of used memory over the headroom window, minus the headroom margin. Past its limit, or between
+the two once the headroom is gone, it is over-consuming as any other pod.
 
 ``OveruseDetector.observe`` returns a ``NodeResult``: alert ``Transition`` values (firing or resolved, ready to become
 a ``wire.Alert`` through ``to_alert``, a Kubernetes Event and a Prometheus series), ``Eviction`` decisions, the measured
@@ -115,6 +121,9 @@ class PodDevice:
     uuid: str | None = None
     allotted_bytes: int
     whole: bool = False
+    limit_bytes: int = 0
+    """The most the pod may use while the device has headroom (KAI's per-container memory limit); 0, or not above
+    ``allotted_bytes``: held to its allotment."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -161,7 +170,9 @@ class Settings:
     A pod is over when ``used > allotted + tolerance`` with ``tolerance = max(tolerance_bytes, allotted x
     tolerance_percent / 100)``: allocators round up and CUDA contexts take a few hundred MiB, so a small slack keeps a
     pod at its exact share quiet. ``grace_ns`` also applies to unattributed memory (short-lived tools such as
-    ``nvidia-smi`` come and go); ``ghost_threshold_ns`` to both kinds of ghost.
+    ``nvidia-smi`` come and go); ``ghost_threshold_ns`` to both kinds of ghost. ``headroom_margin_bytes`` is the
+    placement engine's margin (``--headroom-margin``): a device's headroom for use between a pod's allotment and its
+    limit is its total minus the peak used over the headroom window minus this margin.
     """
 
     tolerance_bytes: int = 0
@@ -171,6 +182,7 @@ class Settings:
     ghost_threshold_ns: int
     unattributed_threshold_bytes: int
     default_policy: OverusePolicy = OverusePolicy.ALERT
+    headroom_margin_bytes: int = 0
 
     def tolerance_for(self, allotted_bytes: int) -> int:
         return max(self.tolerance_bytes, allotted_bytes * self.tolerance_percent // 100)

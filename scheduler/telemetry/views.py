@@ -1,8 +1,9 @@
 """The over-consumption detector's view of a node, built from the cluster state's records.
 
 For each node whose telemetry arrives, the detector needs the pods accounted there (bound or assumed) with, per
-device, the bytes each was allotted; the holders of each device; every pod the scheduler knows (to tell a pod of
-another node from one it does not know); and the overuse policy of each queue involved. Where a pod is and what it
+device, the bytes each was allotted (and, for KAI's per-container GPU memory, its limit); the holders of each
+device; every pod the scheduler knows (to tell a pod of another node from one it does not know); and the overuse
+policy of each queue involved. Where a pod is and what it
 holds comes from ``state.holdings``, the very reading the snapshot's accounting uses, so placement and the detector
 cannot disagree about a pod: a share's devices are its reservation pods' (matched by the UUIDs the binder recorded),
 a whole-GPU pod holds whole devices. Device memory is the agent's NVML total, else the node's label.
@@ -221,7 +222,8 @@ def _allotments(
             share = holdings.share_milli(request, holding, memory)
             uuid = pod.gpu_uuids[position] if position < len(pod.gpu_uuids) else None
             allotted = holdings.allotted_bytes(request, share, memory)
-            held.append((overuse.PodDevice(index=index, uuid=uuid, allotted_bytes=allotted), share))
+            limit = holdings.limit_bytes(request, allotted)
+            held.append((overuse.PodDevice(index=index, uuid=uuid, allotted_bytes=allotted, limit_bytes=limit), share))
         else:
             device = overuse.PodDevice(index=index, allotted_bytes=memory, whole=True)
             held.append((device, model.MILLI_GPU_PER_DEVICE))

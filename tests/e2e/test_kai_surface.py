@@ -4,15 +4,20 @@ to ``deploy/``'s CRD schemas, and kubectl.
 
 An invalid Queue is refused by ``kubectl apply`` with the reason; KAI v0.17/v0.18 manifests (a pod with a
 preemption delay, per-container GPU memory with a limit above the request and SM sharing, a PodGroup with the new
-spec fields) are admitted, grouped with their knobs in the PodGroup's spec, and scheduled. What the knobs change in
-placement (the delay holding evictions back, ...) is the engine's, tested where the engine is.
+spec fields) are admitted, grouped with their knobs in the PodGroup's spec, and scheduled as KAI would: shares of
+different compute modes on different GPUs, a subgroup tree placed by its ``minSubGroup`` (the one replica of two
+that fits runs, the other waits whole). A preemption delay holds a new job's eviction for its delay, then it preempts,
+and the victim's PodGroup gets ``kai.scheduler/last-eviction-timestamp``. What each knob changes in placement is
+tested in detail where the engine is (``tests/scenarios/placement/``).
 """
 
 from __future__ import annotations
 
+import datetime
 import functools
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
+from common import names
 from common.natsserver import free_port
 from quotient.emulator import status as emulator_status
 from quotient.emulator.emulator import EmulatorThread
@@ -163,3 +169,183 @@ def test_a_kai_v018_manifest_with_the_new_fields_is_admitted_grouped_with_its_kn
     ]
     assert made["spec"]["preemptionDelay"] == "2m0s", "the pod's annotation, in its PodGroup's spec as KAI writes it"
     assert groups["delayed-group"]["spec"]["preemptionDelay"] == "5m"
+
+
+def _placed_gpu_group(pod: Obj) -> str:
+    return str(pod["metadata"].get("labels", {}).get(names.GPU_GROUP_LABEL, ""))
+
+
+def _member(name: str, subgroup: str, *, gpus: int = 0, labels: dict[str, str] | None = None) -> Obj:
+    """A pod of the user's PodGroup ``replicated`` (the grouper leaves it alone), in one of its subgroups."""
+    resources: Obj = {"requests": {"cpu": "100m", "memory": "64Mi"}}
+    if gpus:
+        resources["limits"] = {names.GPU_RESOURCE: str(gpus)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "labels": {names.QUEUE_LABEL: "default-queue", names.SUBGROUP_LABEL: subgroup, **(labels or {})},
+            "annotations": {names.POD_GROUP_ANNOTATION: "replicated", names.SKIP_PODGROUPER_ANNOTATION: "true"},
+        },
+        "spec": {
+            "schedulerName": "kai-scheduler",
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.9", "resources": resources}],
+        },
+    }
+
+
+def test_kai_v018_compute_modes_keep_shares_apart_and_a_subgroup_tree_is_placed_by_its_min_subgroup(
+    world: World,
+) -> None:
+    for name in ("00-queues.yaml", "06-nvfractions.yaml"):
+        result = world.apply((KAI / name).read_text())
+        assert result.returncode == 0, f"{name}: {result.stderr}"
+    shares = ("nv-fractions-request-limit", "nv-fractions-limit-only")
+    polling.until_sync(
+        lambda: all(harness.bound(harness.pods(world.kubectl, NAMESPACE).get(name, {})) for name in shares),
+        timeout_s=harness.STEP_TIMEOUT_S,
+        what="both shares bound",
+    )
+    current = harness.pods(world.kubectl, NAMESPACE)
+    sm_sharing, time_slicing = (_placed_gpu_group(current[name]) for name in shares)
+    assert sm_sharing and time_slicing and sm_sharing != time_slicing, "an SM-sharing and a time-slicing GPU"
+
+    # Two GPUs are left: one replica of two GPUs fits, and minSubGroup 1 needs only one.
+    group = {
+        "apiVersion": "scheduling.run.ai/v2alpha2",
+        "kind": "PodGroup",
+        "metadata": {"name": "replicated", "namespace": NAMESPACE},
+        "spec": {
+            "queue": "default-queue",
+            "minSubGroup": 1,
+            "subGroups": [
+                {"name": "replica-0"},
+                {"name": "replica-0-leader", "parent": "replica-0", "minMember": 1},
+                {"name": "replica-0-workers", "parent": "replica-0", "minMember": 2},
+                {"name": "replica-1"},
+                {"name": "replica-1-leader", "parent": "replica-1", "minMember": 1},
+                {"name": "replica-1-workers", "parent": "replica-1", "minMember": 2},
+            ],
+        },
+    }
+    members = [
+        _member("r0-leader", "replica-0-leader"),
+        _member("r0-worker-0", "replica-0-workers", gpus=1),
+        _member("r0-worker-1", "replica-0-workers", gpus=1, labels={names.TASK_PRIORITY_LABEL: "5"}),
+        _member("r1-leader", "replica-1-leader"),
+        _member("r1-worker-0", "replica-1-workers", gpus=1),
+        _member("r1-worker-1", "replica-1-workers", gpus=1),
+    ]
+    result = world.apply(yaml.safe_dump_all([group, *members]))
+    assert result.returncode == 0 and "Warning" not in result.stderr, result.stderr
+    first = {"r0-leader", "r0-worker-0", "r0-worker-1"}
+
+    def placed() -> set[str]:
+        current = harness.pods(world.kubectl, NAMESPACE)
+        return {name for name in first | {"r1-leader", "r1-worker-0", "r1-worker-1"} if harness.bound(current[name])}
+
+    polling.until_sync(lambda: first <= placed(), timeout_s=harness.STEP_TIMEOUT_S, what="one replica")
+    polling.until_sync(
+        lambda: "replica-1-leader, replica-1-workers" in _condition_message(world, "replicated"),
+        timeout_s=harness.STEP_TIMEOUT_S,
+        what="the second replica's reason on the PodGroup",
+    )
+    assert placed() == first, "replica-1 waits: its workers' GPUs are not there"
+
+
+def _condition_message(world: World, group: str) -> str:
+    stored = world.kubectl.json("get", "podgroup", group, "-n", NAMESPACE)
+    conditions = (stored.get("status") or {}).get("schedulingConditions") or []
+    return " ".join(str(condition.get("message", "")) for condition in conditions)
+
+
+def _timestamp_s(text: str) -> float:
+    return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC).timestamp()
+
+
+def test_a_preemption_delay_holds_a_new_job_for_its_delay_then_it_preempts_and_the_victim_is_stamped(
+    world: World,
+) -> None:
+    delay_s = 6
+    incumbent_group = {
+        "apiVersion": "scheduling.run.ai/v2alpha2",
+        "kind": "PodGroup",
+        "metadata": {"name": "incumbent", "namespace": NAMESPACE},
+        "spec": {"queue": "default-queue", "minMember": 1, "priorityClassName": "train"},
+    }
+    incumbent = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "incumbent",
+            "namespace": NAMESPACE,
+            "labels": {names.QUEUE_LABEL: "default-queue"},
+            "annotations": {names.POD_GROUP_ANNOTATION: "incumbent", names.SKIP_PODGROUPER_ANNOTATION: "true"},
+        },
+        "spec": {
+            "schedulerName": "kai-scheduler",
+            "priorityClassName": "train",
+            "containers": [{"name": "main", "image": "ubuntu", "resources": {"limits": {names.GPU_RESOURCE: "4"}}}],
+        },
+    }
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+    assert world.apply(yaml.safe_dump_all([namespace, incumbent_group, incumbent])).returncode == 0
+    polling.until_sync(
+        lambda: harness.bound(harness.pods(world.kubectl, NAMESPACE).get("incumbent", {})),
+        timeout_s=harness.STEP_TIMEOUT_S,
+        what="the incumbent on every GPU",
+    )
+
+    preemptor = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "preemptor",
+            "namespace": NAMESPACE,
+            "labels": {names.QUEUE_LABEL: "default-queue"},
+            "annotations": {names.PREEMPTION_DELAY_ANNOTATION: f"{delay_s}s"},
+        },
+        "spec": {
+            "schedulerName": "kai-scheduler",
+            "priorityClassName": "build-preemptible",
+            "containers": [{"name": "main", "image": "ubuntu", "resources": {"limits": {names.GPU_RESOURCE: "4"}}}],
+        },
+    }
+    assert world.apply(yaml.safe_dump(preemptor)).returncode == 0
+
+    def preemptor_group() -> Obj | None:
+        listed = world.kubectl.json("get", "podgroups", "-n", NAMESPACE)["items"]
+        return next((g for g in listed if g["metadata"]["name"].startswith("pg-preemptor-")), None)
+
+    polling.until_sync(
+        lambda: (
+            "preemption delay"
+            in _condition_message(world, str((preemptor_group() or {"metadata": {"name": "x"}})["metadata"]["name"]))
+        ),
+        timeout_s=harness.STEP_TIMEOUT_S,
+        what="the preemptor held by its delay, in its PodGroup's condition",
+    )
+    made = preemptor_group()
+    assert made is not None and made["spec"]["preemptionDelay"] == f"{delay_s}s"
+    created_s = _timestamp_s(made["metadata"]["creationTimestamp"])
+    assert "incumbent" in harness.pods(world.kubectl, NAMESPACE), "not evicted within the delay"
+
+    polling.until_sync(
+        lambda: "incumbent" not in harness.pods(world.kubectl, NAMESPACE),
+        timeout_s=harness.STEP_TIMEOUT_S + delay_s,
+        what="the incumbent evicted once the delay is over",
+    )
+    gone_s = time.time()
+    # The creation time is in whole seconds: the eviction came no sooner than the delay after it.
+    assert gone_s - created_s >= delay_s - 1, f"evicted {gone_s - created_s:.1f}s after the preemptor's group"
+    polling.until_sync(
+        lambda: harness.bound(harness.pods(world.kubectl, NAMESPACE).get("preemptor", {})),
+        timeout_s=harness.STEP_TIMEOUT_S,
+        what="the preemptor bound in the room it made",
+    )
+    stamped = world.kubectl.json("get", "podgroup", "incumbent", "-n", NAMESPACE)["metadata"].get("annotations", {})
+    stamp = stamped.get(names.LAST_EVICTION_ANNOTATION)
+    assert stamp is not None, f"the evicted group carries no {names.LAST_EVICTION_ANNOTATION}: {stamped}"
+    assert created_s + delay_s - 1 <= _timestamp_s(stamp) <= time.time() + 1

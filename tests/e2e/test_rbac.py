@@ -454,8 +454,9 @@ def test_the_scheduler_places_everything_with_exactly_the_deployed_rights_and_us
         written = kubectl.json("get", "configmap", configmap, "-n", WORK)["data"]
         assert written.get(names.VISIBLE_DEVICES_ENV) and written.get(names.GPU_PORTION_ENV), written
 
-        # Every device is taken: team-a's pod is owed one of team-b's (or the share's), so the scheduler evicts.
-        before = set(cluster.pods())
+        # Every device is taken: team-a's pod is owed one of team-b's (or the share's), so the scheduler evicts, and
+        # stamps the victim's PodGroup with KAI's last-eviction-timestamp (the patch on podgroups).
+        before = cluster.pods()
         world.apply("reclaim", _pod("claimer", "team-a", gpus=1))
         polling.until_sync(
             lambda: harness.bound(cluster.pods().get("claimer", {})),
@@ -463,10 +464,22 @@ def test_the_scheduler_places_everything_with_exactly_the_deployed_rights_and_us
             what="team-a's pod bound after a reclaim",
         )
         polling.until_sync(
-            lambda: before - set(cluster.pods()),
+            lambda: set(before) - set(cluster.pods()),
             timeout_s=harness.STEP_TIMEOUT_S,
             what="a pod of an over-quota queue evicted for team-a's",
         )
+        victim = sorted(set(before) - set(cluster.pods()))[0]
+        victim_group = before[victim]["metadata"]["annotations"][names.POD_GROUP_ANNOTATION]
+
+        def stamped() -> bool:
+            # A bare pod's PodGroup is owned by the pod and may be gone with it; a workload's outlives its pods.
+            found = kubectl("get", "podgroup", victim_group, "-n", WORK, "-o", "json", check=False)
+            if found.returncode != 0:
+                return "NotFound" in found.stderr
+            group = json.loads(found.stdout)
+            return names.LAST_EVICTION_ANNOTATION in (group["metadata"].get("annotations") or {})
+
+        polling.until_sync(stamped, timeout_s=harness.STEP_TIMEOUT_S, what="the victim's PodGroup stamped (or gone)")
 
         # The record: every right used (events and status are written a moment after what they report).
         granted = _granted(cluster.rendered)

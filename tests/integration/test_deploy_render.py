@@ -676,6 +676,7 @@ SCHEDULER_CLUSTER_RIGHTS = {
     (OUR_GROUP, "podgroups", "list"),
     (OUR_GROUP, "podgroups", "watch"),
     (OUR_GROUP, "podgroups", "create"),
+    (OUR_GROUP, "podgroups", "patch"),
     (OUR_GROUP, "queues/status", "patch"),
     (OUR_GROUP, "podgroups/status", "patch"),
     *(("apps", owner, "get") for owner in ("deployments", "replicasets", "statefulsets")),

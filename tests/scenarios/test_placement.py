@@ -15,10 +15,11 @@ Keys (all optional unless said):
   ``preempt_min_runtime``, ``reclaim_min_runtime`` (durations).
 - ``groups``: ``id``, ``queue``, ``min``, ``priority`` (50), ``preemptible`` (priority below 100), ``created``
   (s), ``below_min_since`` (s), ``stale_grace`` (s, the group's own), ``evictions_from`` (s: its preemption
-  delay ends), ``subgroups`` [{name, min}], ``pods``
-  [{name, count, gpu | fraction | gpu_memory, devices, cpu, memory, node_selector, affinity [[{key, operator,
-  values}]], tolerations, gpu_models, phase, node, held (device indexes, every pod of ``count``), started (s),
-  subgroup, created (s), nominated (node)}].
+  delay ends), ``subgroups`` [{name, min, parent, min_subgroup}], ``min_subgroup`` (of its top-level subgroups),
+  ``pods`` [{name, count, gpu | fraction | gpu_memory, mode (a share's compute mode), devices, cpu, memory,
+  node_selector, affinity [[{key, operator, values}]], tolerations, gpu_models, phase, node, held (device indexes,
+  every pod of ``count``), started (s), subgroup, created (s), nominated (node), task_priority (an integer, or
+  text: an unreadable label)}].
 - ``config``: ``gpu_strategy``, ``cpu_strategy``, ``device_strategy``, ``margin``, ``reclaim_multiple``,
   ``stale_grace``, ``actions``. ``now``: seconds.
 - ``expect``: ``placed`` {pod: node | node/dev+dev}, ``only`` (nothing else placed), ``not_placed`` [pods],
@@ -93,13 +94,18 @@ def _pods(spec: Mapping[str, Any], group_created: int) -> Iterator[model.Pod]:
         name = spec["name"] if count == 1 else f"{spec['name']}-{index}"
         share = None
         gpus = int(spec.get("gpu", 0))
+        mode = model.ComputeMode(spec.get("mode", model.ComputeMode.TIME_SLICING))
         if "fraction" in spec:
             share = model.GpuShare(
-                milli_gpu=quantities.parse_milli_gpu(str(spec["fraction"])), devices=int(spec.get("devices", 1))
+                milli_gpu=quantities.parse_milli_gpu(str(spec["fraction"])),
+                devices=int(spec.get("devices", 1)),
+                compute_mode=mode,
             )
         elif "gpu_memory" in spec:
             share = model.GpuShare(
-                memory_bytes=quantities.parse_bytes(str(spec["gpu_memory"])), devices=int(spec.get("devices", 1))
+                memory_bytes=quantities.parse_bytes(str(spec["gpu_memory"])),
+                devices=int(spec.get("devices", 1)),
+                compute_mode=mode,
             )
         phase = model.PodPhase(spec.get("phase", "Running" if "node" in spec else "Pending"))
         node = model.NodeName(spec["node"]) if "node" in spec else None
@@ -152,7 +158,16 @@ def _pods(spec: Mapping[str, Any], group_created: int) -> Iterator[model.Pod]:
             allotted_milli_gpu=allotted,
             started_ns=_seconds(spec["started"]) if "started" in spec else None,
             nominated_node=model.NodeName(spec["nominated"]) if "nominated" in spec else None,
+            task_order=_task_order(spec.get("task_priority")),
         )
+
+
+def _task_order(value: Any) -> int:
+    if value is None:
+        return model.task_order(None)
+    if isinstance(value, int):
+        return model.task_order(value)
+    return model.task_order(None, unreadable=True)
 
 
 def load_group(spec: Mapping[str, Any]) -> model.Group:
@@ -164,8 +179,15 @@ def load_group(spec: Mapping[str, Any]) -> model.Group:
         queue=model.QueueName(spec.get("queue", "test")),
         min_member=int(spec.get("min", 1)),
         subgroups=tuple(
-            model.SubGroup(name=sub["name"], min_member=int(sub["min"])) for sub in spec.get("subgroups", ())
+            model.SubGroup(
+                name=sub["name"],
+                min_member=int(sub.get("min", 0)),
+                parent=sub.get("parent"),
+                min_subgroup=int(sub["min_subgroup"]) if "min_subgroup" in sub else None,
+            )
+            for sub in spec.get("subgroups", ())
         ),
+        min_subgroup=int(spec["min_subgroup"]) if "min_subgroup" in spec else None,
         priority=priority,
         preemptible=bool(spec.get("preemptible", priority < 100)),
         created_ns=created,
@@ -202,6 +224,7 @@ def load_node(spec: Mapping[str, Any], running: Sequence[model.Pod]) -> model.No
     holders: list[list[model.PodUid]] = [[] for _ in range(gpus)]
     whole = [False] * gpus
     groups: list[model.GpuGroupId | None] = [None] * gpus
+    modes: list[model.ComputeMode | None] = [None] * gpus
     for pod in running:
         used = used + pod.requests
         for position, device in enumerate(pod.devices):
@@ -214,6 +237,7 @@ def load_node(spec: Mapping[str, Any], running: Sequence[model.Pod]) -> model.No
                     used = used + model.ONE_POD
                 allotted[device] += pod.allotted_milli_gpu
                 groups[device] = pod.gpu_groups[position]
+                modes[device] = modes[device] or pod.share.compute_mode
     devices = [
         device.__class__(
             index=device.index,
@@ -224,6 +248,7 @@ def load_node(spec: Mapping[str, Any], running: Sequence[model.Pod]) -> model.No
             holders=tuple(sorted(holders[device.index])),
             whole=whole[device.index],
             gpu_group=groups[device.index],
+            compute_mode=modes[device.index],
             peak_used_bytes=device.peak_used_bytes,
             telemetry_stale=device.telemetry_stale,
             unattributed_bytes=device.unattributed_bytes,

@@ -10,7 +10,6 @@ import pytest
 from common import names
 from scheduler.objects import podgroups
 from scheduler.objects.records import PodGroupRecord, SubGroupSpec
-from scheduler.placement import model
 
 NS = 1_000_000_000
 
@@ -34,7 +33,6 @@ def test_a_v013_podgroup_reads_as_before_with_no_problems() -> None:
     record = decoded({"minMember": 4, "queue": "team-a", "subGroups": [{"name": "workers", "minMember": 3}]})
 
     assert (record.min_member, record.min_member_declared, record.queue) == (4, 4, "team-a")
-    assert record.subgroups == (model.SubGroup(name="workers", min_member=3),)
     assert record.subgroup_tree == (SubGroupSpec(name="workers", min_member=3),)
     assert record.preemption_delay_ns == 0 and record.staleness_grace_ns is None and record.last_eviction_ns == 0
     assert record.problems == ()
@@ -80,13 +78,6 @@ def test_a_subgroup_tree_is_read_whole_and_only_its_leaves_reach_the_engine() ->
     assert record.min_subgroup == 1 and record.min_member_declared is None
     assert record.subgroup_tree[3] == SubGroupSpec(name="replica-1", min_subgroup=2)
     assert record.subgroup_tree[1] == SubGroupSpec(name="replica-0-leader", parent="replica-0", min_member=1)
-    assert record.subgroups == (
-        model.SubGroup(name="replica-0-leader", min_member=1),
-        model.SubGroup(name="replica-0-workers", min_member=2),
-        model.SubGroup(name="replica-1-leader", min_member=1),
-        model.SubGroup(name="replica-1-workers", min_member=2),
-        model.SubGroup(name="tools", min_member=0),
-    )
 
 
 @pytest.mark.parametrize(
@@ -126,7 +117,7 @@ def test_a_subgroup_tree_that_kai_refuses_is_a_problem_naming_the_field(
 def test_a_broken_entry_leaves_the_rest_of_the_tree_readable() -> None:
     record = decoded({"subGroups": [{"name": "a", "minMember": 1}, {"minMember": 2}, {"name": "b", "minMember": 2}]})
 
-    assert [sub.name for sub in record.subgroups] == ["a", "b"]
+    assert [sub.name for sub in record.subgroup_tree] == ["a", "b"]
 
 
 def test_the_preemption_delay_comes_from_the_spec_before_the_annotation() -> None:

@@ -1,7 +1,7 @@
-"""Properties of whole cycles on random small clusters: nothing over-committed, gangs all or nothing, queue limits
-and non-preemptible quotas respected, plans deterministic (fresh or warm engine), the indexed search placing
-exactly as the scored search with the same built-in scorer, and the scored search, which scores each distinct node
-look once, placing exactly as a search that scores every node."""
+"""Properties of whole cycles on random small clusters: nothing over-committed, gangs all or nothing, shares of
+different compute modes never on one device, queue limits and non-preemptible quotas respected, plans deterministic
+(fresh or warm engine), the indexed search placing exactly as the scored search with the same built-in scorer, and
+the scored search, which scores each distinct node look once, placing exactly as a search that scores every node."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ GIB = builders.GIB
 def _pods(draw: st.DrawFn, prefix: str) -> tuple[model.Pod, ...]:
     count = draw(st.integers(1, 4))
     kind = draw(st.sampled_from(["whole", "fraction", "memory", "cpu"]))
+    mode = draw(st.sampled_from(list(model.ComputeMode)))
     pods = []
     for index in range(count):
         uid = f"{prefix}-{index}"
@@ -46,6 +47,12 @@ def _pods(draw: st.DrawFn, prefix: str) -> tuple[model.Pod, ...]:
             )
         else:
             pods.append(builders.pod(uid, cpu=cpu or 500, memory=memory, created=index))
+        share = pods[-1].share
+        pods[-1] = dataclasses.replace(
+            pods[-1],
+            share=dataclasses.replace(share, compute_mode=mode) if share is not None else None,
+            task_order=model.task_order(draw(st.sampled_from([None, None, 0, 3]))),
+        )
     return tuple(pods)
 
 
@@ -59,7 +66,7 @@ def _groups(draw: st.DrawFn, leaves: list[str], prefix: str, created: int) -> li
                 f"{prefix}{index}",
                 *members,
                 queue=draw(st.sampled_from(leaves)),
-                min_member=draw(st.integers(1, len(members))),
+                min_member=draw(st.integers(0 if len(members) > 1 else 1, len(members))),
                 priority=draw(st.sampled_from([50, 75, 125])),
                 created=created + index,
             )
@@ -118,6 +125,17 @@ def _assert_nothing_over_committed(snapshot: model.Snapshot) -> None:
             assert 0 <= device.allotted_milli_gpu <= 1000
             if device.whole:
                 assert len(device.holders) == 1 and device.gpu_group is None
+
+
+def _assert_modes_apart(snapshot: model.Snapshot) -> None:
+    """Shares of different compute modes never hold one device, and a shared device carries its shares' mode."""
+    shares = {pod.uid: pod.share for group in snapshot.groups.values() for pod in group.members if pod.share}
+    for node in snapshot.nodes.values():
+        for device in node.devices:
+            modes = {shares[uid].compute_mode for uid in device.holders if uid in shares}
+            assert len(modes) <= 1, f"{node.name} device {device.index} holds shares of modes {modes}"
+            if modes and device.gpu_group is not None:
+                assert (device.compute_mode or model.ComputeMode.TIME_SLICING) in modes
 
 
 def _assert_gangs_whole(snapshot: model.Snapshot, result: model.Snapshot) -> None:
@@ -193,6 +211,7 @@ def test_cycles_never_over_commit_and_keep_gangs_and_limits(case: tuple[model.Sn
     first = warm.run(snapshot)
     after = applying.apply(snapshot, first)
     _assert_nothing_over_committed(after)
+    _assert_modes_apart(after)
     _assert_gangs_whole(snapshot, after)
     _assert_queues_within_limits(after)
 
@@ -212,6 +231,7 @@ def test_cycles_never_over_commit_and_keep_gangs_and_limits(case: tuple[model.Sn
             assert eviction.pod in preemptible
     final = applying.apply(second_snapshot, second)
     _assert_nothing_over_committed(final)
+    _assert_modes_apart(final)
     _assert_gangs_whole(second_snapshot, final)
     _assert_queues_within_limits(final)
 

@@ -9,8 +9,8 @@ action; sometimes a queue that held work in the first wave is deleted before the
 - no non-preemptible pod is a victim (stale gangs aside);
 - no pod is evicted when moving it would do: every pod evicted to make room and not moved finds no place in the
   state the plan leaves (its whole gang, when the gang goes whole);
-- no gang or subgroup is left below its minimum by the plan: a gang keeps its minimum (and each subgroup its own)
-  or goes whole;
+- no gang or subgroup is left below its minimum by the plan: a gang keeps its minimum (and its subgroup tree, and
+  each subgroup that held its own minimum keeps it or goes whole) or goes whole;
 - groups of a queue that does not exist are never placed and wait with ``QueueDoesNotExist``, and nothing raises.
 """
 
@@ -27,6 +27,7 @@ from scheduler.placement import (
     capacity,
     decisions,
     engine,
+    evictions,
     fairshare,
     gangs,
     model,
@@ -34,6 +35,7 @@ from scheduler.placement import (
     search,
     shapes,
     status,
+    subgroups,
 )
 from tests.unit.placement import builders
 
@@ -47,32 +49,50 @@ GHOST = model.QueueName("ghost")
 
 @st.composite
 def _group(draw: st.DrawFn, gid: str, leaves: list[str], created: int) -> model.Group:
-    """A group of 1 to 4 pods of one kind in one of ``leaves``, maybe elastic, maybe in two subgroups, maybe bound
-    to a zone."""
+    """A group of 1 to 4 pods of one kind in one of ``leaves``, maybe elastic (or of minMember 0), maybe in two
+    subgroups or in two replicas of which ``minSubGroup`` may need one, maybe bound to a zone; shares in either
+    compute mode, pods with or without a task priority."""
     count = draw(st.integers(1, 4))
     kind = draw(st.sampled_from(["whole", "whole", "fraction", "cpu"]))
+    mode = draw(st.sampled_from(list(model.ComputeMode)))
     pods = []
     for index in range(count):
         uid = f"{gid}-{index}"
         cpu = draw(st.sampled_from([500, 1000, 3000]))
         if kind == "whole":
-            pods.append(builders.pod(uid, gpus=draw(st.integers(1, 2)), cpu=cpu, created=created))
+            pod = builders.pod(uid, gpus=draw(st.integers(1, 2)), cpu=cpu, created=created)
         elif kind == "fraction":
-            pods.append(builders.pod(uid, fraction=draw(st.sampled_from([250, 500, 750])), cpu=cpu, created=created))
+            pod = builders.pod(uid, fraction=draw(st.sampled_from([250, 500, 750])), cpu=cpu, created=created)
+            assert pod.share is not None
+            pod = dataclasses.replace(pod, share=dataclasses.replace(pod.share, compute_mode=mode))
         else:
-            pods.append(builders.pod(uid, cpu=cpu, created=created))
-    minimum = draw(st.integers(1, count))
-    subgroups: tuple[model.SubGroup, ...] = ()
-    if count >= 2 and draw(st.booleans()):
+            pod = builders.pod(uid, cpu=cpu, created=created)
+        priority_label = draw(st.sampled_from([None, None, 1, 5]))
+        pods.append(dataclasses.replace(pod, task_order=model.task_order(priority_label)))
+    minimum = draw(st.integers(0 if count > 1 else 1, count))
+    tree: tuple[model.SubGroup, ...] = ()
+    min_subgroup: int | None = None
+    shape = draw(st.sampled_from(["flat", "flat", "head", "replicas"])) if count >= 2 else "flat"
+    if shape == "replicas":
+        # Two replicas (half the pods each, at least one); minSubGroup may need only one of them.
+        pods = [dataclasses.replace(pod, subgroup=f"r{index % 2}") for index, pod in enumerate(pods)]
+        sizes = [sum(1 for pod in pods if pod.subgroup == name) for name in ("r0", "r1")]
+        tree = tuple(
+            model.SubGroup(name=name, min_member=draw(st.integers(1, size)))
+            for name, size in zip(("r0", "r1"), sizes, strict=True)
+        )
+        min_subgroup = draw(st.sampled_from([None, 1]))
+        minimum = 0
+    elif shape == "head":
         # Two subgroups: the first pod alone in "head", the rest in "workers".
         pods = [
             dataclasses.replace(pod, subgroup="head" if index == 0 else "workers") for index, pod in enumerate(pods)
         ]
-        subgroups = (
+        tree = (
             model.SubGroup(name="head", min_member=1),
             model.SubGroup(name="workers", min_member=draw(st.integers(0, count - 1))),
         )
-        minimum = max(minimum, 1 + subgroups[1].min_member)
+        minimum = max(minimum, 1 + tree[1].min_member)
     if draw(st.booleans()):
         # Bound to one zone: room made there may leave its victims room to move to in the other.
         zone = (("zone", draw(st.sampled_from(["a", "b"]))),)
@@ -81,7 +101,8 @@ def _group(draw: st.DrawFn, gid: str, leaves: list[str], created: int) -> model.
     return dataclasses.replace(
         builders.group(gid, *pods, queue=draw(st.sampled_from(leaves)), min_member=minimum, priority=priority),
         created_ns=created,
-        subgroups=subgroups,
+        subgroups=tree,
+        min_subgroup=min_subgroup,
     )
 
 
@@ -228,6 +249,11 @@ def test_no_non_preemptible_pod_is_a_victim_and_every_gang_keeps_its_minimum_or_
         if not gone or len(gone) == len(running) or gangs.below_minimum(group) is not None:
             continue
         assert gangs.below_minimum(group, evicted) is None, f"{group.id} left below its minimum by the plan"
+        if group.subgroups:
+            shape = subgroups.of(group)
+            before = subgroups.leaf_counts(shape, group.members)
+            after = subgroups.leaf_counts(shape, group.members, evicted)
+            assert subgroups.keeps(shape, before, after), f"{group.id} left a subgroup running below its minimum"
 
 
 @_SETTINGS
@@ -251,8 +277,7 @@ def test_no_pod_is_evicted_where_moving_it_would_do(case: tuple[model.Snapshot, 
             stayed.setdefault(group.id, []).append(pod)
     for group_id, pods in stayed.items():
         group = snapshot.groups[group_id]
-        units = [pods] if gangs.below_minimum(group, evicted) is not None else [[pod] for pod in pods]
-        for unit in units:
+        for unit in evictions.move_batches(group, pods, evicted):
             failure = gangs.try_place(
                 draft=draft,
                 searcher=searcher,
