@@ -25,9 +25,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("quotient.simulate", "replay a trace or workload through the placement engine"),
     "bench": (
         "quotient.bench.runner",
-        "run a benchmark and print one JSON object (agent, engine, e2e, telemetry, all; chaos --minutes N: not in all)",
+        "run a benchmark and print one JSON object (agent, engine, e2e, telemetry, all; chaos --minutes N and "
+        "kai-scale: not in all)",
     ),
     "demo": ("quotient.demo", "the local demo: embedded NATS, emulated GPU nodes, a live view"),
+    "docs": ("quotient.docsgen.app", "check or rewrite (--write) the reference pages generated from the code"),
 }
 
 

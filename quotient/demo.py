@@ -83,6 +83,7 @@ async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Cal
         nvml_mock=library,
         workdir=Path(workdir.name) / "nodes",
         token_files=token_files,
+        tls_ca=secured.ca,
     )
     runtime = GpuNodesRuntime(nodes)
     for name in nodes.fakes:
@@ -117,7 +118,7 @@ async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Cal
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     telemetry = demo_view.Telemetry()
-    viewer = NatsBus(servers=nats.url, name="demo-viewer", nkey_seed=secured.seed("reader"))
+    viewer = NatsBus(servers=nats.url, name="demo-viewer", nkey_seed=secured.seed("reader"), tls_ca=secured.ca)
     notes: list[str] = []
     start = time.monotonic()
     tty = sys.stdout.isatty()
@@ -212,8 +213,8 @@ async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Cal
             if keep and elapsed > duration_s and not steps and not notes[-1].startswith("--keep"):
                 notes.append(
                     f"--keep: still running. kubectl --server {emulator.url} get pods -A ; NATS at {nats.url} "
-                    f"(nats sub 'quotient.v1.>' --server {nats.url} --nkey {secured.seed('reader')}); Ctrl-C stops "
-                    "everything."
+                    f"(nats sub 'quotient.v1.>' --server {nats.url} --tlsca {secured.ca} "
+                    f"--nkey {secured.seed('reader')}); Ctrl-C stops everything."
                 )
                 out(notes[-1])
             await asyncio.sleep(0.1)

@@ -5,13 +5,23 @@ fractional, with shares drawn from the Alibaba openb trace (the ``gpu_milli`` co
 ``../shared/data/openb/openb_pod_list_default.csv`` for single-GPU pods with a share below one GPU; where the file is
 absent, ``_FALLBACK_SHARES``, the same column's distribution rounded to 5%), 50% whole GPUs (1 GPU 70%, 2 GPUs 15%,
 4 GPUs 10%, 8 GPUs 5%), 10% in gangs of 8 to 64 one-GPU pods; 20 queues in two levels (4 departments of 5 teams).
+``--pods 45000`` on 5,000 nodes asks for 138% of the GPUs, as a busy cluster does (issue 14).
+
+The engine's config is the scheduler's: ``quotient scheduler``'s defaults and its ``--gpu-strategy`` (``--strategy``
+here; default: the scheduler's default strategy), turned into the engine's config by the scheduler's own settings
+code, so the bench measures what the scheduler runs.
 
 Pods arrive in batches of ``--batch``; each cycle takes a snapshot with the new arrivals, runs the engine, and
 applies the plan (as the binder would) before the next. Building snapshots and applying plans is the state layer's
-work, not the engine's, and is not timed. After the last arrival, cycles run until nothing more is placed; then one
-node's telemetry changes (the measured peak of a GPU that a whole-GPU pod holds rises: nothing pending can gain
-from it) and the next cycle is timed as ``idle_cycle_ms`` (median of ``--idle-cycles``). Besides the figures issue 3
-asks for, the result says how many cycles ran and how much of the GPU capacity was asked for and allocated.
+work, not the engine's, and is not timed. Cycles run until nothing more is placed or evicted (or ``--max-cycles``).
+
+Figures (issue 14): ``pods_per_second`` = distinct pods placed / ``wall_s``, the engine's time summed over all those
+cycles (a pod evicted and placed again counts once; ``placements`` counts every placement); ``evictions`` and
+``moves`` over all cycles; ``pending_groups_max``, the most groups left pending after one cycle; ``cycle_ms_p50`` and
+``_p99`` over all cycles; ``backlog_idle_cycle_ms``: one more cycle at the end over the same snapshot with the full
+backlog, the clock one second later and nothing else changed. ``idle_cycle_ms`` (issue 3) is the median of
+``--idle-cycles`` cycles after a telemetry change that nothing pending can gain from (a GPU held by a whole-GPU pod
+reports a higher peak). ``--profile FILE`` writes a cProfile of the timed cycles (``python -m pstats FILE``).
 
 Prints nothing on stdout itself (the caller prints the returned dict as one JSON object); progress goes to stderr.
 """
@@ -19,6 +29,7 @@ Prints nothing on stdout itself (the caller prints the returned dict as one JSON
 from __future__ import annotations
 
 import argparse
+import cProfile
 import csv
 import dataclasses
 import random
@@ -29,9 +40,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from common import names
+from common import config, names
+from common.errors import ConfigError
 from common.resources import Resources
-from scheduler.placement import applying, engine, model
+from scheduler import settings
+from scheduler.placement import applying, engine, model, plan
 
 GIB = 1024**3
 _OPENB = Path(__file__).resolve().parents[3] / "shared" / "data" / "openb" / "openb_pod_list_default.csv"
@@ -176,8 +189,66 @@ def _touch_telemetry(snapshot: model.Snapshot, step: int) -> model.Snapshot:
     return dataclasses.replace(snapshot, nodes=nodes)
 
 
-def run(argv: Sequence[str]) -> dict[str, object]:
-    """Run the benchmark; returns the figures (see the module docstring)."""
+def scheduler_config(gpu_strategy: str | None) -> model.Config:
+    """The engine's config as ``quotient scheduler`` builds it from its defaults and ``--gpu-strategy`` (None: the
+    scheduler's default strategy), through the scheduler's own settings code; a strategy it refuses raises
+    ``ConfigError`` with the scheduler's message."""
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser, settings.SETTINGS)
+    argv = [] if gpu_strategy is None else ["--gpu-strategy", gpu_strategy]
+    values = config.resolve(settings.SETTINGS, parser.parse_args(argv), environ={}, file_values={})
+    return settings.settings_from(values).engine_config
+
+
+@dataclasses.dataclass(slots=True)
+class Tally:
+    """What the cycles did, counted as they run (the pure part of the figures)."""
+
+    placed: set[model.PodUid] = dataclasses.field(default_factory=set)
+    placements: int = 0
+    evictions: int = 0
+    moves: int = 0
+    pending_groups_max: int = 0
+    cycle_ms: list[float] = dataclasses.field(default_factory=list)
+
+    def add(self, result: plan.Plan, *, elapsed_s: float) -> None:
+        self.placed.update(placement.pod for placement in result.placements)
+        self.placements += len(result.placements)
+        self.evictions += len(result.evictions)
+        self.moves += len(result.moves)
+        self.pending_groups_max = max(self.pending_groups_max, len(result.statuses))
+        self.cycle_ms.append(elapsed_s * 1000)
+
+    def figures(self) -> dict[str, object]:
+        """``pods_per_second`` is distinct pods placed over the engine's time in all cycles."""
+        wall_s = sum(self.cycle_ms) / 1000
+        ordered = sorted(self.cycle_ms) or [0.0]
+        return {
+            "pods_per_second": round(len(self.placed) / wall_s, 1) if wall_s else 0.0,
+            "wall_s": round(wall_s, 3),
+            "placed": len(self.placed),
+            "placements": self.placements,
+            "evictions": self.evictions,
+            "moves": self.moves,
+            "pending_groups_max": self.pending_groups_max,
+            "cycles": len(self.cycle_ms),
+            "cycle_ms_p50": round(statistics.median(ordered), 2),
+            "cycle_ms_p99": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 2),
+        }
+
+
+def _timed(warm: engine.Engine, snapshot: model.Snapshot, profiler: cProfile.Profile | None) -> tuple[plan.Plan, float]:
+    if profiler is not None:
+        profiler.enable()
+    started = time.perf_counter()
+    result = warm.run(snapshot)
+    elapsed = time.perf_counter() - started
+    if profiler is not None:
+        profiler.disable()
+    return result, elapsed
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="quotient bench engine", description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--gpus", type=int, default=8, help="GPUs per node")
@@ -185,14 +256,28 @@ def run(argv: Sequence[str]) -> dict[str, object]:
     parser.add_argument("--batch", type=int, default=1000, help="pods arriving per cycle")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--idle-cycles", type=int, default=9)
+    parser.add_argument("--max-cycles", type=int, default=2000, help="stop after this many cycles (converged: false)")
     parser.add_argument(
         "--strategy",
-        choices=[strategy.value for strategy in model.Strategy],
-        default=model.Strategy.BINPACK.value,
-        help="node and device strategy for GPU pods (spread uses the scored search: expect it slower)",
+        "--gpu-strategy",
+        dest="strategy",
+        default=None,
+        help="the scheduler's --gpu-strategy, mapped onto the engine as the scheduler maps it (default: the "
+        "scheduler's default)",
     )
     parser.add_argument("--openb", type=Path, default=_OPENB, help="openb pod list for the share distribution")
+    parser.add_argument("--profile", type=Path, default=None, help="write a cProfile of the timed cycles (pstats) here")
+    return parser
+
+
+def run(argv: Sequence[str]) -> dict[str, object]:
+    """Run the benchmark; returns the figures (see the module docstring)."""
+    parser = _parser()
     args = parser.parse_args(list(argv))
+    try:
+        engine_config = scheduler_config(args.strategy)
+    except ConfigError as exc:
+        parser.error(str(exc))
 
     shares = _share_distribution(args.openb)
     share_source = "fallback" if shares == _FALLBACK_SHARES else str(args.openb)
@@ -203,20 +288,19 @@ def run(argv: Sequence[str]) -> dict[str, object]:
     offered = args.nodes * args.gpus * 1000
     _progress(
         f"engine bench: {args.nodes} nodes x {args.gpus} GPUs, {args.pods} pods in {len(groups)} groups, "
-        f"{100 * asked / offered:.1f}% of GPU capacity asked for"
+        f"{100 * asked / offered:.1f}% of GPU capacity asked for, gpu strategy {engine_config.gpu_strategy.value} "
+        f"(devices {engine_config.device_strategy.value})"
     )
 
     warm = engine.Engine()
-    strategy = model.Strategy(args.strategy)
-    config = model.Config(gpu_strategy=strategy, device_strategy=strategy)
-    snapshot = model.Snapshot(nodes=nodes, queues=queues, groups={}, now_ns=0, config=config)
-    placing_s = 0.0
-    placed = 0
-    cycle_ms: list[float] = []
+    profiler = cProfile.Profile() if args.profile is not None else None
+    snapshot = model.Snapshot(nodes=nodes, queues=queues, groups={}, now_ns=0, config=engine_config)
+    tally = Tally()
     arrived = 0
     position = 0
     step = 0
-    while True:
+    converged = False
+    while step < args.max_cycles:
         batch: list[model.Group] = []
         while position < len(groups) and arrived < (step + 1) * args.batch:
             batch.append(groups[position])
@@ -227,43 +311,45 @@ def run(argv: Sequence[str]) -> dict[str, object]:
             merged.update((group.id, group) for group in batch)
             snapshot = dataclasses.replace(snapshot, groups=merged)
         snapshot = dataclasses.replace(snapshot, now_ns=step * NS)
-        started = time.perf_counter()
-        result = warm.run(snapshot)
-        elapsed = time.perf_counter() - started
-        cycle_ms.append(elapsed * 1000)
-        if result.placements:
-            placing_s += elapsed
-            placed += len(result.placements)
+        result, elapsed = _timed(warm, snapshot, profiler)
+        tally.add(result, elapsed_s=elapsed)
         _progress(
             f"cycle {step}: {len(batch)} groups arrived, {len(result.placements)} placed, "
-            f"{len(result.evictions)} evicted, {len(result.statuses)} pending groups, {elapsed * 1000:.1f} ms"
+            f"{len(result.evictions)} evicted, {len(result.moves)} moved, {len(result.statuses)} pending groups, "
+            f"{elapsed * 1000:.1f} ms"
         )
         snapshot = applying.apply(snapshot, result)
         step += 1
         if position >= len(groups) and not result.placements and not result.evictions:
+            converged = True
             break
 
+    # The full backlog and nothing changed but the clock, as the next cycle would see it: one more cycle, timed.
+    snapshot = dataclasses.replace(snapshot, now_ns=step * NS)
+    result, backlog_idle_s = _timed(warm, snapshot, profiler)
+    if result.placements or result.evictions:
+        _progress("the backlog cycle placed or evicted something: the run had not settled")
     idle: list[float] = []
     for index in range(args.idle_cycles):
         snapshot = _touch_telemetry(snapshot, index)
-        started = time.perf_counter()
-        result = warm.run(snapshot)
-        idle.append((time.perf_counter() - started) * 1000)
+        result, elapsed = _timed(warm, snapshot, None)
+        idle.append(elapsed * 1000)
         if result.placements or result.evictions:
             _progress("idle cycle placed or evicted something: the telemetry change was not neutral")
+    if profiler is not None and args.profile is not None:
+        profiler.dump_stats(str(args.profile))
     unplaced = sum(
         1 for group in snapshot.groups.values() for pod in group.members if pod.phase is model.PodPhase.PENDING
     )
-    ordered = sorted(cycle_ms)
     return {
-        "pods_per_second": round(placed / placing_s, 1) if placing_s else 0.0,
-        "placed": placed,
+        **tally.figures(),
         "unplaced": unplaced,
-        "cycle_ms_p50": round(statistics.median(ordered), 2),
-        "cycle_ms_p99": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 2),
+        "converged": converged,
+        "backlog_idle_cycle_ms": round(backlog_idle_s * 1000, 3),
         "idle_cycle_ms": round(statistics.median(idle), 3) if idle else 0.0,
         "rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "cycles": len(cycle_ms),
+        "gpu_strategy": engine_config.gpu_strategy.value,
+        "device_strategy": engine_config.device_strategy.value,
         "gpu_asked_percent": round(100 * asked / offered, 1),
         "gpu_allocated_percent": round(100 * _allocated_milli(snapshot) / offered, 1),
         "share_source": share_source,

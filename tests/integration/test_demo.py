@@ -43,6 +43,7 @@ def test_the_demo_plays_its_scenario_and_exits_zero_leaving_no_process_behind() 
     events = re.search(r"Events:   (.*)", out)
     assert events is not None and f"Node {node}" in events.group(1) and f"Pod {pod}" in events.group(1)
     assert f'quotient_alert{{alert="GpuUnhealthy",node="{node}",gpu="{gpu}"}} 1' in out
+    assert "nats-server tls://127.0.0.1:" in out, "the demo's NATS serves TLS only, as deploy's does"
     started = re.search(r"JetStream in (\S+)\), API emulator (\S+), scheduler pid (\d+)", out)
     assert started is not None
     workdir, emulator_url, scheduler_pid = started.groups()
