@@ -211,6 +211,7 @@ async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Cal
                 out(("\x1b[2J\x1b[H" if tty else "\n") + frame)
                 next_frame = elapsed + (1.0 if tty else 20 * scale)
             if keep and elapsed > duration_s and not steps and not notes[-1].startswith("--keep"):
+                emulator.start_default_scheduler()  # for what a newcomer types (kubectl create deployment ...)
                 notes.append(
                     f"--keep: still running. kubectl --server {emulator.url} get pods -A ; NATS at {nats.url} "
                     f"(nats sub 'quotient.v1.>' --server {nats.url} --tlsca {secured.ca} "

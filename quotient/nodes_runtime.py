@@ -7,13 +7,17 @@ the ConfigMap the binder wrote), or, for a share admitted without the webhook, t
 (``quotient.dev/gpu-uuids``). A share bound before reservation pods existed falls back to the indices the scheduler
 recorded (``quotient.dev/gpu-devices``). The processes' memory follows the pod's ``quotient.dev/sim-gpu-memory``
 script; a pod without one runs no GPU process.
+
+What the fake process does is printed into the log of the container that sees the GPUs (``kubectl logs``): that it
+started, with its pid, device and UUID, then the memory it holds at each step of its script, each line at the time
+the step comes (a step the pod does not live to see is never printed); a script that cannot be read is said there too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from common import clusterspec, logs, names
+from common import clusterspec, logs, names, quantities
 from common.errors import ClusterSpecError
 from quotient.emulator.runtime import PodLaunch
 from quotient.nodes import EmulatedNodes
@@ -31,6 +35,14 @@ def _visible_uuids(launch: PodLaunch) -> tuple[str, ...]:
             return tuple(part.strip() for part in value.split(",") if part.strip())
     text = launch.annotations.get(names.GPU_UUIDS_ANNOTATION, "")
     return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def gpu_container(launch: PodLaunch) -> str:
+    """The container that sees the pod's GPUs (whose environment names them); "" (the first) when none does."""
+    for container, env in launch.env.items():
+        if env.get(names.VISIBLE_DEVICES_ENV, "") not in ("", *_NOT_UUIDS):
+            return container
+    return ""
 
 
 def devices_of(launch: PodLaunch, uuids_of_node: Mapping[str, int] | None = None) -> tuple[int, ...]:
@@ -59,12 +71,28 @@ class GpuNodesRuntime:
         devices = devices_of(launch, {gpu.uuid: gpu.index for gpu in fake.spec.gpus})
         if not devices:
             return
+        container = gpu_container(launch)
         try:
             script = clusterspec.parse_memory_script(script_text)
         except ClusterSpecError as exc:
             log.warning("bad_memory_script", pod=f"{launch.namespace}/{launch.name}", error=str(exc))
+            launch.output.write(f"no GPU process runs: {exc}", container=container)
             return
-        fake.run_pod(pod_uid=launch.uid, gpu_indices=devices, memory=script, start_ns=launch.started_ns)
+        pids = fake.run_pod(pod_uid=launch.uid, gpu_indices=devices, memory=script, start_ns=launch.started_ns)
+        uuids = {gpu.index: gpu.uuid for gpu in fake.spec.gpus}
+        for pid, index in zip(pids, devices, strict=False):
+            launch.output.write(
+                f"GPU process {pid} started on GPU {index} ({uuids.get(index, '?')}) of {launch.node}",
+                container=container,
+                at_ns=launch.started_ns,
+            )
+        where = ", ".join(f"GPU {index}" for index in devices)
+        for offset_ns, memory_bytes in script.points:
+            launch.output.write(
+                f"holds {quantities.format_bytes(memory_bytes)} of GPU memory on {where}",
+                container=container,
+                at_ns=launch.started_ns + offset_ns,
+            )
 
     def stop_pod(self, launch: PodLaunch) -> None:
         fake = self._nodes.fakes.get(launch.node)

@@ -335,6 +335,14 @@ class Dispatcher:
         if bind is not None:
             self._metrics.bind_seconds.observe(self._clock_s() - bind.started_s)
         if report.outcome is binding.Outcome.BOUND:
+            bound = self._state.pods.get(uid)
+            if bound is not None:  # as kube-scheduler writes it (KAI's scheduler too, with its node pool)
+                self._recorder.record(
+                    events.ObjectRef.of_record(bound),
+                    type=events.EventType.NORMAL,
+                    reason="Scheduled",
+                    message=f"Successfully assigned {report.pod.namespace}/{report.pod.name} to {report.node}",
+                )
             return
         self._state.forget(uid)
         self._on_change()

@@ -8,7 +8,9 @@ the official ``kubernetes`` client and ``kubectl``, as against a cluster. Module
   priority classes, ``deploy/``'s CRDs, KAI's default queues).
 - ``server`` (HTTP, dispatch, watches on the wire), ``routing`` (the URL scheme, verbs, bodies, responses),
   ``views`` (JSON, Table, metadata), ``tables`` and ``printers`` (``kubectl get`` columns), ``discovery``,
-  ``openapi``, ``protobuf`` (the few protobuf bodies kubectl sends), ``testhooks`` (the hooks over HTTP).
+  ``openapi`` (with the CRDs' schemas, for ``kubectl explain``), ``protobuf`` and ``protoschemas`` (the protobuf
+  bodies kubectl's typed clients send), ``podlogs`` (``pods/log``), ``podproxy`` (``pods/proxy``), ``testhooks``
+  (the hooks over HTTP).
 - ``api`` (the semantics of each verb), ``identity`` (a body checked against its request), ``deletion``,
   ``binding`` (``pods/binding``), ``crds``, ``schemas`` (custom resources against their CRD's structural schema),
   ``naming`` (generated names), ``defaulting``, ``validation``, ``admission`` (webhooks), ``patches``,
@@ -17,9 +19,11 @@ the official ``kubernetes`` client and ``kubectl``, as against a cluster. Module
 - ``controllers`` (the work queue, garbage collection, namespaces), ``workloads`` (Deployment, ReplicaSet, Job),
   ``training`` (PyTorchJob); ``kubelets`` (pods' lifecycle), ``deviceplugin`` (GPU allocation), ``nodefit``
   (kubelet admission), ``podenv`` (container environments), ``podstatus`` (what a kubelet writes), ``runtime``
-  (the ``ContainerRuntime`` seam to emulated GPU nodes), ``reservations`` (reservation pods report their GPU);
-  ``faults`` (injected errors and delays).
+  (the ``ContainerRuntime`` seam to emulated GPU nodes), ``containerlogs`` (what containers print),
+  ``kubeletevents`` (the kubelet's Events), ``reservations`` (reservation pods report their GPU);
+  ``defaultscheduler`` (a stand-in for kube-scheduler, off unless asked); ``faults`` (injected errors and delays).
 - ``access`` (authentication, RBAC and the record of each user's requests), ``authn`` (tokens and users, tokens
-  bound to pods), ``rbac`` (the API server's RBAC decision, pure), ``tokenreview`` (``TokenReview``), ``projection``
-  (the kubelets' projected ServiceAccount tokens).
+  bound to pods), ``rbac`` (the API server's RBAC decision, pure), ``impersonation`` (``kubectl --as``),
+  ``accessreviews`` (``kubectl auth can-i``, ``whoami``), ``tokenreview`` (``TokenReview``), ``projection`` (the
+  kubelets' projected ServiceAccount tokens).
 """

@@ -23,7 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from common import logs
-from quotient.emulator import authn, discovery, projection, rbac, routing, status
+from quotient.emulator import authn, discovery, impersonation, podproxy, projection, rbac, routing, status
 from quotient.emulator.objects import Obj, metadata, timestamp
 from quotient.emulator.store import Store
 
@@ -80,10 +80,30 @@ class Access:
     # --- the checks the server makes ---
 
     def authenticate(self, request: web.Request) -> status.Failure | None:
-        """Who the request is (kept on the request for the checks below); a 401 for a token not issued here."""
+        """Who the request is (kept on the request for the checks below): the token's user, or the user it
+        impersonates (``impersonation``); a 401 for a token not issued here, a 403 for an impersonation RBAC
+        does not allow."""
         user = self.tokens.authenticate(request.headers.get("Authorization"))
         if isinstance(user, authn.Unauthorized):
             return status.Failure(code=401, reason="Unauthorized", message=user.message)
+        headers = request.headers
+        if any(key.lower().startswith("impersonate-") for key in headers):
+            extra: dict[str, list[str]] = {}
+            for key, value in headers.items():
+                if key.lower().startswith(impersonation.EXTRA_PREFIX.lower()):
+                    extra.setdefault(key[len(impersonation.EXTRA_PREFIX) :].lower(), []).append(value)
+            acting = impersonation.impersonated(
+                user=headers.get(impersonation.USER_HEADER, ""),
+                groups=headers.getall(impersonation.GROUP_HEADER, []),
+                uid=headers.get(impersonation.UID_HEADER, ""),
+                extra=extra,
+                requester=user,
+                policy=self.policy(),
+            )
+            if isinstance(acting, status.Failure):
+                log.info("impersonation_refused", user=user.name, message=acting.message)
+                return acting
+            user = acting or user
         request[_USER_KEY] = user
         return None
 
@@ -94,17 +114,19 @@ class Access:
         if user.is_admin or path.startswith("/_emulator/") or _is_resource_path(request.method, path):
             return None
         attributes = rbac.Attributes(user=user, verb=request.method.lower(), path=path)
-        decision = rbac.authorize(attributes, rbac.DISCOVERY, self.policy())
+        decision = rbac.authorize(attributes, *rbac.BOOTSTRAP, self.policy())
         if decision.allowed:
             return None
         return status.Failure(
             code=403, reason="Forbidden", message=f"forbidden: {rbac.forbidden_message(attributes, decision)}"
         )
 
-    def check_resource(self, request: web.Request, target: routing.Target) -> status.Failure | None:
-        """RBAC's answer to a resource request; recorded either way. None when it may go on (a method no verb
-        fits is left to the server's 405)."""
-        verb = routing.verb(request, target)
+    def check_resource(
+        self, request: web.Request, target: routing.Target, verb: str | None = None
+    ) -> status.Failure | None:
+        """RBAC's answer to a resource request (``verb``: the request's own unless given, as for ``pods/proxy``);
+        recorded either way. None when it may go on (a method no verb fits is left to the server's 405)."""
+        verb = verb or routing.verb(request, target)
         if verb is None:
             return None
         user = self.user_of(request)
@@ -118,7 +140,7 @@ class Access:
         if user.is_admin:
             self._served.setdefault(user.name, set()).add(asked)
             return None
-        decision = rbac.authorize(attributes, self.policy())
+        decision = rbac.authorize(attributes, self.policy(), *rbac.BOOTSTRAP)
         if decision.allowed:
             self._served.setdefault(user.name, set()).add(asked)
             return None
@@ -228,6 +250,8 @@ def _selected_name(selector: str) -> str:
 
 
 def _is_resource_path(method: str, path: str) -> bool:
+    if podproxy.parse(path) is not None:
+        return True
     parts = [part for part in path.split("/") if part]
     if parts[:1] not in (["api"], ["apis"]):
         return False

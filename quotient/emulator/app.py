@@ -35,6 +35,12 @@ SETTINGS: tuple[Setting[object], ...] = (
     Setting(name="history", parse=lambda raw: int(str(raw)), default=20_000, help="watch history kept, in events"),
     Setting(name="scripted_pods", parse=config.parse_bool, default=True, help="create the cluster spec's pods"),
     Setting(
+        name="default_scheduler",
+        parse=config.parse_bool,
+        default=False,
+        help="place pods naming default-scheduler, as kube-scheduler would",
+    ),
+    Setting(
         name="kubeconfig_out", parse=config.parse_str, default=None, help="write a kubeconfig here", metavar="FILE"
     ),
     *config.LOG_SETTINGS,
@@ -51,6 +57,7 @@ async def _serve(values: Mapping[str, object]) -> None:
                 server=ServerConfig(bookmark_interval_s=float(str(values["bookmark_interval"]))),
                 history_events=int(str(values["history"])),
                 scripted_pods=bool(values["scripted_pods"]),
+                default_scheduler=bool(values["default_scheduler"]),
             ),
         )
         await emulator.start(str(values["host"]), int(str(values["port"])))

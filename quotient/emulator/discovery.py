@@ -26,7 +26,13 @@ VERSION: Obj = {
     "platform": "linux/amd64",
 }
 
-_SUBRESOURCE_KINDS = {"binding": "Binding", "eviction": "Eviction", "scale": "Scale", "token": "TokenRequest"}
+_SUBRESOURCE_KINDS = {
+    "binding": "Binding",
+    "eviction": "Eviction",
+    "scale": "Scale",
+    "token": "TokenRequest",
+    "proxy": "PodProxyOptions",
+}
 _SUBRESOURCE_VERBS = {
     "status": ["get", "patch", "update"],
     "binding": ["create"],
@@ -34,6 +40,8 @@ _SUBRESOURCE_VERBS = {
     "token": ["create"],
     "scale": ["get", "patch", "update"],
     "finalize": ["update"],
+    "log": ["get"],
+    "proxy": ["create", "delete", "get", "patch", "update"],
 }
 
 

@@ -6,8 +6,9 @@ clients such as the blocking ``kubernetes`` client or ``kubectl``; ``quotient em
 a process. The Python API reaches into the running emulator for what tests need and a real cluster would not
 offer: seed objects directly, compact the history (every older watch gets 410), drop every watch, inject errors
 and delays (``faults``), read the device plugin's allocations, run pods through a ``ContainerRuntime``, route
-admission webhook services to local addresses, issue tokens and read what each user was served and refused
-(``access``: requests with a token are held to RBAC).
+admission webhook services and pods' ports (``pods/proxy``) to local addresses, read what containers printed, start a
+stand-in kube-scheduler, issue tokens and read what each user was served and refused (``access``: requests with a
+token are held to RBAC).
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ from typing import TypeVar
 import yaml
 
 from common import clusterspec, logs, tasks
-from quotient.emulator import access, authn, cluster, crds, defaulting, projection, status
+from quotient.emulator import access, authn, cluster, containerlogs, crds, defaulting, projection, status
 from quotient.emulator.admission import Webhooks
 from quotient.emulator.api import Api
 from quotient.emulator.controllers import Controllers
+from quotient.emulator.defaultscheduler import DefaultScheduler
 from quotient.emulator.faults import Fault, Faults
 from quotient.emulator.kinds import Kind, default_registry
 from quotient.emulator.kubelets import KubeletConfig, Kubelets
@@ -59,6 +61,8 @@ class EmulatorConfig:
     scripted_pods: bool = True  # create the cluster spec's pods at their arrival times
     crds_from: Path | None = DEPLOY_CRDS
     """The CRDs installed at start (their schemas check every Queue and PodGroup written through the API)."""
+    default_scheduler: bool = False
+    """Run the stand-in for kube-scheduler (``defaultscheduler``): pods naming ``default-scheduler`` get a node."""
 
 
 class Emulator:
@@ -79,12 +83,19 @@ class Emulator:
         self.hub = WatchHub(self.store, clock)
         self.faults = Faults()
         self.controllers = Controllers(self.api)
+        self.default_scheduler = DefaultScheduler(self.api)
         self.kubelets = Kubelets(self.api, config=config.kubelet, gpu_uuids=cluster.gpu_uuids(self.spec))
         # Reservation pods report their device's UUID, as ``quotient reserve`` does on a real node.
         self.reservation_agent = ReservationAgent(self.api)
         self.kubelets.add_runtime(self.reservation_agent)
         self.server = Server(
-            api=self.api, hub=self.hub, faults=self.faults, hooks=self, config=config.server, clock=clock
+            api=self.api,
+            hub=self.hub,
+            faults=self.faults,
+            hooks=self,
+            config=config.server,
+            clock=clock,
+            logs=self.kubelets.logs,
         )
         # The kubelets project ServiceAccount tokens bound to their pods (``projection``), issued by the server.
         self.projections = projection.Projections(tokens=self.server.access.tokens, store=self.store, clock=clock)
@@ -108,12 +119,15 @@ class Emulator:
         self._tasks.spawn(self.controllers.run(), name="controllers")
         await self.server.start(host, port)
         self._started = True
+        if self.config.default_scheduler:
+            self.default_scheduler.start()
         if self.config.scripted_pods:
             for pod in self.spec.pods:
                 self._tasks.spawn(self._arrive(pod), name=f"pod-{pod.namespace}-{pod.name}")
         log.info("emulator_listening", url=self.url, nodes=len(self.spec.nodes))
 
     async def stop(self) -> None:
+        self.default_scheduler.stop()
         self.kubelets.close()
         self.projections.close()
         await self.reservation_agent.close()
@@ -220,6 +234,30 @@ class Emulator:
     def route_service(self, namespace: str, name: str, address: str) -> None:
         """Send admission calls for the webhook service ``namespace/name`` to ``host:port``."""
         self.webhooks.route_service(namespace, name, address)
+
+    def start_default_scheduler(self) -> None:
+        """From now on, place the pods that name ``default-scheduler`` as kube-scheduler would (``defaultscheduler``);
+        call on the emulator's loop."""
+        self.default_scheduler.start()
+
+    def route_pod(self, namespace: str, name: str, port: int | str, address: str) -> None:
+        """Send ``pods/proxy`` requests for port ``port`` of the pod ``namespace/name`` to ``host:port`` (where the
+        process standing in for the pod listens)."""
+        self.server.pod_proxy.route(namespace, name, port, address)
+
+    def unroute_pod(self, namespace: str, name: str, port: int | str | None = None) -> None:
+        self.server.pod_proxy.unroute(namespace, name, port)
+
+    def logs_of(self, namespace: str, name: str, container: str = "") -> tuple[str, ...]:
+        """The lines the pod's container (its first when "") printed so far in its current run."""
+        pod = self.store.get("pods", namespace, name)
+        if pod is None:
+            return ()
+        chosen = container or next(iter(containerlogs.container_names(pod)), "")
+        reading = self.kubelets.logs.read(
+            str(metadata(pod).get("uid")), chosen, containerlogs.LogOptions(), now_ns=time.time_ns()
+        )
+        return tuple(line.text for line in reading.lines)
 
     def set_node_ready(self, name: str, ready: bool) -> Obj | None:
         node = self.store.get("nodes", "", name)

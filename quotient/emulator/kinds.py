@@ -160,8 +160,8 @@ _AGE = PrinterColumn(name="Age", json_path=".metadata.creationTimestamp", type="
 # fmt: off
 BUILTIN_KINDS: tuple[Kind, ...] = (
     # core
-    _kind("", "v1", "pods", "Pod", short=("po",), categories=("all",), sub=("status", "binding", "eviction"),
-          fields=POD_FIELDS),
+    _kind("", "v1", "pods", "Pod", short=("po",), categories=("all",),
+          sub=("status", "binding", "eviction", "log", "proxy"), fields=POD_FIELDS),
     _kind("", "v1", "nodes", "Node", namespaced=False, short=("no",), fields=frozenset({"spec.unschedulable"})),
     _kind("", "v1", "namespaces", "Namespace", namespaced=False, short=("ns",), sub=("status", "finalize"),
           fields=frozenset({"status.phase"})),
@@ -199,6 +199,17 @@ BUILTIN_KINDS: tuple[Kind, ...] = (
     # Authentication (``tokenreview``): create only, nothing stored
     dataclasses.replace(_kind("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", namespaced=False, sub=()),
                         verbs=("create",)),
+    dataclasses.replace(_kind("authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview",
+                              namespaced=False, sub=()), verbs=("create",)),
+    # Authorization (``accessreviews``): create only, nothing stored
+    dataclasses.replace(_kind("authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview",
+                              namespaced=False, sub=()), verbs=("create",)),
+    dataclasses.replace(_kind("authorization.k8s.io", "v1", "selfsubjectrulesreviews", "SelfSubjectRulesReview",
+                              namespaced=False, sub=()), verbs=("create",)),
+    dataclasses.replace(_kind("authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview",
+                              namespaced=False, sub=()), verbs=("create",)),
+    dataclasses.replace(_kind("authorization.k8s.io", "v1", "localsubjectaccessreviews", "LocalSubjectAccessReview",
+                              sub=()), verbs=("create",)),
     # RBAC (``rbac``): what a service account's token may do
     _kind("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False, sub=()),
     _kind("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", namespaced=False, sub=()),

@@ -17,7 +17,8 @@ has stopped. Environment values from ConfigMaps, Secrets and the downward API ar
 missing ConfigMap holds it in ``CreateContainerConfigError`` and is retried, as the kubelet does).
 
 What runs a started pod is a ``ContainerRuntime`` (``runtime.py``): the emulated GPU nodes register one so that a
-pod's processes appear on the devices it got, with its memory script. The admission predicates are in
+pod's processes appear on the devices it got, with its memory script, and print into its containers' logs
+(``containerlogs``, for ``pods/log``). The kubelet's Events are in ``kubeletevents``, the admission predicates in
 ``nodefit.py``, the environment in ``podenv.py`` and the statuses written in ``podstatus.py``.
 """
 
@@ -30,7 +31,7 @@ from collections.abc import Callable, Mapping
 
 from common import logs, names, quantities
 from common.errors import QuantityError
-from quotient.emulator import defaulting, nodefit, podenv, podstatus
+from quotient.emulator import containerlogs, defaulting, kubeletevents, nodefit, podenv, podstatus
 from quotient.emulator.api import Api
 from quotient.emulator.deviceplugin import DevicePlugin
 from quotient.emulator.kinds import Kind
@@ -53,6 +54,7 @@ class KubeletConfig:
     start_delay_s: float = 0.1  # from binding to Running
     termination_delay_s: float = 0.05  # from a graceful delete to the pod's removal
     config_retry_s: float = 1.0  # retry of a pod whose ConfigMap or Secret is missing
+    events: bool = True  # write the kubelet's Events (Pulled, Created, Started, Killing, admission refusals)
 
 
 @dataclasses.dataclass(slots=True)
@@ -98,6 +100,8 @@ class Kubelets:
         )
         self.projections: Projections | None = None
         """The projected ServiceAccount tokens of the pods that run (``projection``), when the emulator wires them."""
+        self.logs = containerlogs.ContainerLogs()
+        """What each container printed (``containerlogs``), for ``pods/log``."""
         self.store.subscribe(self._on_change)
 
     @property
@@ -166,6 +170,7 @@ class Kubelets:
             self._cancel(uid)
             self._terminating.discard(uid)
             self._release(node_name, uid, stop=True)
+            self.logs.forget(uid)
             return
         if not node_name:
             return
@@ -180,6 +185,8 @@ class Kubelets:
         if is_deleting(pod):
             if uid not in self._terminating:
                 self._terminating.add(uid)
+                if uid in node.pods and phase == "Running":
+                    self._record(kubeletevents.killing(pod, node=node_name, now_ns=self._clock_ns()))
                 self._schedule(uid, self.config.termination_delay_s, lambda: self._terminate(node_name, pod))
             return
         if phase in TERMINAL_PHASES:
@@ -248,6 +255,9 @@ class Kubelets:
             new_status = podstatus.rejected(pod, reason=reason, message=message, now=self.api.now())
             log.info("pod_rejected", node=node_name, pod=metadata(pod).get("name"), reason=reason)
             self.api.write_status(self._pods, _ns(pod), _name(pod), new_status, uid=uid)
+            self._record(
+                [kubeletevents.rejected(pod, node=node_name, reason=reason, message=message, now_ns=self._clock_ns())]
+            )
             return
         admitted = _Admitted(namespace=_ns(pod), name=_name(pod), uid=uid, requests=requests, devices=devices)
         node.pods[uid] = admitted
@@ -283,6 +293,7 @@ class Kubelets:
         if written is None:
             return
         log.debug("pod_running", node=node.name, pod=admitted.name, devices=list(admitted.devices))
+        self._record(kubeletevents.started(written, node=node.name, now_ns=self._clock_ns()))
         self._launch(node, admitted, written, env=env)
         self._schedule_exit(node, admitted, written)
 
@@ -301,6 +312,10 @@ class Kubelets:
         self, node: _Node, admitted: _Admitted, pod: Obj, env: Mapping[str, Mapping[str, str]] | None = None
     ) -> None:
         resolved = env if env is not None else self._resolve_env(node, admitted, pod)
+        started_ns = self._clock_ns()
+        output = containerlogs.PodOutput.begin(
+            self.logs, pod, node=node.name, env=resolved if not isinstance(resolved, str) else {}, at_ns=started_ns
+        )
         launch = PodLaunch(
             node=node.name,
             namespace=admitted.namespace,
@@ -311,7 +326,9 @@ class Kubelets:
             env=resolved if not isinstance(resolved, str) else {},
             labels=dict(metadata(pod).get("labels") or {}),
             annotations=dict(annotations_of(pod)),
-            started_ns=self._clock_ns(),
+            started_ns=started_ns,
+            containers=output.containers,
+            output=output,
         )
         admitted.launch = launch
         if self.projections is not None:
@@ -324,6 +341,11 @@ class Kubelets:
         launch, admitted.launch = admitted.launch, None
         if launch is not None:
             self._tell_runtimes(launch, start=False)
+        self.logs.stop(admitted.uid, at_ns=self._clock_ns())
+
+    def _record(self, events: list[Obj]) -> None:
+        if self.config.events:
+            kubeletevents.write(self.store, events)
 
     def _tell_runtimes(self, launch: PodLaunch, *, start: bool) -> None:
         """Start or stop ``launch`` in every runtime of its node; a runtime's failure is logged, not raised."""
@@ -361,6 +383,7 @@ class Kubelets:
         except ValueError:
             code = 1
         policy = (pod.get("spec") or {}).get("restartPolicy", "Always")
+        self.logs.exited(admitted.uid, code=code, at_ns=self._clock_ns())
         self._stop_runtime(admitted)
         if policy == "Always" or (policy == "OnFailure" and code != 0):
             admitted.restarts += 1

@@ -73,13 +73,13 @@ def _untolerated_no_execute(pod: Obj, node: Obj) -> str | None:
     for taint in (node.get("spec") or {}).get("taints") or []:
         if not isinstance(taint, dict) or taint.get("effect") != "NoExecute":
             continue
-        if not any(_tolerates(toleration, taint) for toleration in tolerations):
+        if not any(tolerates(toleration, taint) for toleration in tolerations):
             value = f": {taint['value']}" if taint.get("value") else ""
             return f"{taint.get('key')}{value}"
     return None
 
 
-def _tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
     if toleration.get("effect") and toleration.get("effect") != taint.get("effect"):
         return False
     key = toleration.get("key") or ""

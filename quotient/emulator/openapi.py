@@ -1,12 +1,18 @@
-"""A minimal OpenAPI v3, just enough for ``kubectl create -f`` and ``apply -f`` to validate on the server.
+"""A minimal OpenAPI v3: enough for ``kubectl create -f`` and ``apply -f`` to validate on the server, and for
+``kubectl explain`` on the custom resources.
 
 kubectl refuses to create from a file unless it can validate: it reads ``/openapi/v3``, finds the document of the
 object's group-version, and looks there for a path whose ``patch`` operation carries the object's
 ``x-kubernetes-group-version-kind`` and a ``fieldValidation`` query parameter; finding it, it sends
-``?fieldValidation=Strict`` and leaves validation to the server. No schemas are served: without a
-``requestBody`` on the patch operation kubectl computes apply patches from its compiled-in types (strategic merge
-for built-in kinds, JSON merge for custom resources), which is what it does against any server whose OpenAPI lacks
-them. Every group-version the registry serves is listed, so a kind that kubectl may create never misses.
+``?fieldValidation=Strict`` and leaves validation to the server. Without a ``requestBody`` on the patch operation
+kubectl computes apply patches from its compiled-in types (strategic merge for built-in kinds, JSON merge for custom
+resources), which is what it does against any server whose OpenAPI lacks them. Every group-version the registry
+serves is listed, so a kind that kubectl may create never misses.
+
+``kubectl explain queue.spec`` looks in the same document for a schema tagged with the kind's
+``x-kubernetes-group-version-kind``: each custom kind's CRD schema is published there, under the name the API server
+gives it (``io.run.ai.scheduling.v2.Queue``), so a CRD applied at run time is explained at once. The built-in kinds'
+schemas (the whole of Kubernetes' OpenAPI) are not served: ``kubectl explain pods`` finds none.
 """
 
 from __future__ import annotations
@@ -44,12 +50,51 @@ def document(registry: Registry, group: str, version: str) -> Obj | None:
                 "responses": {"200": {"description": "OK"}},
             }
         }
+    schemas = {schema_name(kind): _published(kind, kind.schema) for kind in kinds if kind.schema is not None}
     return {
         "openapi": "3.0.0",
         "info": {"title": "Kubernetes", "version": "v1.32.0"},
         "paths": paths,
-        "components": {"schemas": {}},
+        "components": {"schemas": dict(sorted(schemas.items()))},
     }
+
+
+def schema_name(kind: Kind) -> str:
+    """The name the API server publishes a custom kind's schema under: its group reversed, version and kind
+    (``io.run.ai.scheduling.v2.Queue``)."""
+    return ".".join([*reversed(kind.group.split(".")), kind.version, kind.kind])
+
+
+def _published(kind: Kind, schema: Obj) -> Obj:
+    """A CRD version's schema as the API server publishes it: tagged with its group-version-kind (what ``kubectl
+    explain`` looks for), ``apiVersion``, ``kind`` and ``metadata`` described as on every object."""
+    properties = dict(schema.get("properties") or {})
+    for field, text in (("apiVersion", _API_VERSION_TEXT), ("kind", _KIND_TEXT)):
+        properties[field] = {"description": text, **dict(properties.get(field) or {}), "type": "string"}
+    properties["metadata"] = {"type": "object", "description": _METADATA_TEXT}
+    return {
+        **schema,
+        "type": schema.get("type", "object"),
+        "properties": properties,
+        "x-kubernetes-group-version-kind": [{"group": kind.group, "version": kind.version, "kind": kind.kind}],
+    }
+
+
+# The descriptions every Kubernetes object's common fields carry (``k8s.io/apimachinery``'s TypeMeta, ObjectMeta).
+_API_VERSION_TEXT = (
+    "APIVersion defines the versioned schema of this representation of an object. Servers should convert "
+    "recognized schemas to the latest internal value, and may reject unrecognized values. More info: "
+    "https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources"
+)
+_KIND_TEXT = (
+    "Kind is a string value representing the REST resource this object represents. Servers may infer this from "
+    "the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: "
+    "https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds"
+)
+_METADATA_TEXT = (
+    "Standard object's metadata. More info: "
+    "https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#metadata"
+)
 
 
 def _item_path(kind: Kind) -> str:

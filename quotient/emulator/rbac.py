@@ -71,6 +71,9 @@ class Decision:
     allowed: bool
     granted_by: str = ""
     """The binding and role that allowed it (``ClusterRoleBinding/x -> ClusterRole/y``), for logs and tests."""
+    allowed_by: str = ""
+    """RBAC's own words for it, which an access review returns as its reason (``RBAC: allowed by
+    ClusterRoleBinding "x" of ClusterRole "y" to User "u"``, as ``rbac.go``'s binding describers write it)."""
     reason: str = ""
     """Why not, beyond the rules not matching: the roles that bindings of this user name and that do not exist."""
 
@@ -111,19 +114,82 @@ DISCOVERY: Policy = Policy(
 )
 
 
+# ``system:basic-user``, bound to every authenticated user too: a user may ask what it may do (``kubectl auth can-i``)
+# and who it is (``kubectl auth whoami``).
+BASIC_USER: Policy = Policy(
+    cluster_roles=(
+        {
+            "metadata": {"name": "system:basic-user"},
+            "rules": [
+                {
+                    "verbs": ["create"],
+                    "apiGroups": ["authorization.k8s.io"],
+                    "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"],
+                },
+                {"verbs": ["create"], "apiGroups": ["authentication.k8s.io"], "resources": ["selfsubjectreviews"]},
+            ],
+        },
+    ),
+    cluster_role_bindings=(
+        {
+            "metadata": {"name": "system:basic-user"},
+            "roleRef": {"apiGroup": GROUP, "kind": "ClusterRole", "name": "system:basic-user"},
+            "subjects": [{"apiGroup": GROUP, "kind": "Group", "name": authn.AUTHENTICATED}],
+        },
+    ),
+)
+BOOTSTRAP: tuple[Policy, ...] = (DISCOVERY, BASIC_USER)
+"""The bootstrap policy every API server carries, beside the stored objects."""
+
+
 def authorize(attributes: Attributes, *policies: Policy) -> Decision:
     """Whether RBAC allows the request under the union of ``policies`` (the stored objects, the bootstrap ones)."""
     missing: list[str] = []
-    for binding, role_kind, role_name, rules in _applicable(attributes, policies, missing):
-        if any(_rule_allows(attributes, rule) for rule in rules):
+    for found in _applicable(attributes, policies, missing):
+        if any(_rule_allows(attributes, rule) for rule in found.rules):
             return Decision(
                 allowed=True,
-                granted_by=f"{binding} -> {role_kind}/{role_name}",
+                granted_by=f"{found.binding} -> {found.role_kind}/{found.role_name}",
+                allowed_by=f"RBAC: allowed by {found.description}",
             )
     reason = ""
     if missing:
         reason = "RBAC: " + (missing[0] if len(missing) == 1 else f"[{', '.join(missing)}]")
     return Decision(allowed=False, reason=reason)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Rules:
+    """What a user may do in a namespace (``RulesFor``, behind a ``SelfSubjectRulesReview``): the rules of every
+    binding that applies there, and why the list may be incomplete (bindings whose role is missing)."""
+
+    resource_rules: tuple[Obj, ...]
+    non_resource_rules: tuple[Obj, ...]
+    missing: tuple[str, ...] = ()
+
+
+def rules_of(user: authn.User, namespace: str, *policies: Policy) -> Rules:
+    """Every rule that applies to ``user`` in ``namespace`` ("" for the cluster scope) under ``policies``."""
+    missing: list[str] = []
+    resource: list[Obj] = []
+    non_resource: list[Obj] = []
+    attributes = Attributes(user=user, verb="", namespace=namespace)
+    for found in _applicable(attributes, policies, missing):
+        for rule in found.rules:
+            if _strings(rule.get("nonResourceURLs")):
+                non_resource.append(
+                    {"verbs": _strings(rule.get("verbs")), "nonResourceURLs": _strings(rule.get("nonResourceURLs"))}
+                )
+            if _strings(rule.get("resources")):
+                entry: dict[str, Any] = {
+                    "verbs": _strings(rule.get("verbs")),
+                    "apiGroups": _strings(rule.get("apiGroups")),
+                    "resources": _strings(rule.get("resources")),
+                }
+                if _strings(rule.get("resourceNames")):
+                    entry["resourceNames"] = _strings(rule.get("resourceNames"))
+                resource.append(entry)
+    return Rules(resource_rules=tuple(resource), non_resource_rules=tuple(non_resource), missing=tuple(missing))
 
 
 def forbidden_message(attributes: Attributes, decision: Decision) -> str:
@@ -147,22 +213,37 @@ def forbidden_message(attributes: Attributes, decision: Decision) -> str:
 # --- bindings to rules ---
 
 
-def _applicable(
-    attributes: Attributes, policies: Sequence[Policy], missing: list[str]
-) -> Iterator[tuple[str, str, str, Sequence[Obj]]]:
-    """(binding, role kind, role name, rules) of every binding that applies to the user where the request is, in the
-    API server's order; a binding whose role is missing is noted in ``missing`` instead."""
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Applicable:
+    binding: str
+    role_kind: str
+    role_name: str
+    rules: Sequence[Obj]
+    description: str
+    """``ClusterRoleBinding "b" of ClusterRole "r" to Group "g"``: the binding, its role, the subject that matched."""
+
+
+def _applicable(attributes: Attributes, policies: Sequence[Policy], missing: list[str]) -> Iterator[_Applicable]:
+    """Every binding that applies to the user where the request is, in the API server's order; a binding whose role
+    is missing is noted in ``missing`` instead."""
     cluster_roles = {_name(role): role for policy in policies for role in policy.cluster_roles}
     for policy in policies:
         for binding in policy.cluster_role_bindings:
-            if not _binds(binding, attributes.user, namespace=""):
+            subject = _subject(binding, attributes.user, namespace="")
+            if subject is None:
                 continue
             kind, name = _role_ref(binding)
             role = cluster_roles.get(name) if kind == "ClusterRole" else None
             if role is None:
                 missing.append(f'clusterrole.{GROUP} "{name}" not found')
                 continue
-            yield f"ClusterRoleBinding/{_name(binding)}", kind, name, _rules(role)
+            yield _Applicable(
+                binding=f"ClusterRoleBinding/{_name(binding)}",
+                role_kind=kind,
+                role_name=name,
+                rules=_rules(role),
+                description=f'ClusterRoleBinding "{_name(binding)}" of {kind} "{name}" to {subject}',
+            )
     if not attributes.namespace:
         return
     roles = {
@@ -172,19 +253,33 @@ def _applicable(
         for binding in policy.role_bindings:
             if _namespace(binding) != attributes.namespace:
                 continue
-            if not _binds(binding, attributes.user, namespace=attributes.namespace):
+            subject = _subject(binding, attributes.user, namespace=attributes.namespace)
+            if subject is None:
                 continue
             kind, name = _role_ref(binding)
             role = roles.get(name) if kind == "Role" else cluster_roles.get(name) if kind == "ClusterRole" else None
             if role is None:
                 missing.append(f'{kind.lower() or "role"}.{GROUP} "{name}" not found')
                 continue
-            where = f"{attributes.namespace}/{name}" if kind == "Role" else name
-            yield f"RoleBinding/{attributes.namespace}/{_name(binding)}", kind, where, _rules(role)
+            yield _Applicable(
+                binding=f"RoleBinding/{attributes.namespace}/{_name(binding)}",
+                role_kind=kind,
+                role_name=f"{attributes.namespace}/{name}" if kind == "Role" else name,
+                rules=_rules(role),
+                description=(f'RoleBinding "{_name(binding)}/{attributes.namespace}" of {kind} "{name}" to {subject}'),
+            )
 
 
-def _binds(binding: Obj, user: authn.User, *, namespace: str) -> bool:
-    return any(_is_subject(subject, user, namespace) for subject in _list(binding.get("subjects")))
+def _subject(binding: Obj, user: authn.User, *, namespace: str) -> str | None:
+    """The binding's first subject that is the user, described as ``rbac.go``'s ``describeSubject`` does; None when
+    none is."""
+    for subject in _list(binding.get("subjects")):
+        if _is_subject(subject, user, namespace):
+            name = str(subject.get("name") or "")
+            if subject.get("kind") == "ServiceAccount":
+                name = f"{name}/{subject.get('namespace') or namespace}"
+            return f'{subject.get("kind")} "{name}"'
+    return None
 
 
 def _is_subject(subject: object, user: authn.User, namespace: str) -> bool:

@@ -13,6 +13,22 @@ from collections.abc import Mapping
 from typing import Protocol
 
 
+class ContainerOutput(Protocol):
+    """Where a runtime prints for a pod: a line (or lines) into a container's log, at ``at_ns`` (default now; a line
+    for a later time is shown from then on, unless the pod stops first). ``container`` "" is the pod's first
+    container. Never blocks or raises."""
+
+    def write(self, text: str, *, container: str = "", at_ns: int | None = None) -> None: ...
+
+
+class _Discarded:
+    def write(self, text: str, *, container: str = "", at_ns: int | None = None) -> None:
+        return None
+
+
+DISCARDED: ContainerOutput = _Discarded()
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class PodLaunch:
     """A pod that started on a node: what the runtime needs to run its processes."""
@@ -27,6 +43,9 @@ class PodLaunch:
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
     started_ns: int
+    containers: tuple[str, ...] = ()
+    output: ContainerOutput = dataclasses.field(default=DISCARDED, compare=False, repr=False)
+    """This run's containers' logs (``containerlogs``)."""
 
 
 class ContainerRuntime(Protocol):

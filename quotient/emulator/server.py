@@ -23,9 +23,12 @@ from aiohttp import web
 
 from common import logs
 from quotient.emulator import (
+    accessreviews,
     discovery,
     openapi,
     patches,
+    podlogs,
+    podproxy,
     routing,
     selectors,
     status,
@@ -36,6 +39,7 @@ from quotient.emulator import (
 )
 from quotient.emulator.access import Access
 from quotient.emulator.api import Api
+from quotient.emulator.containerlogs import ContainerLogs
 from quotient.emulator.faults import Faults
 from quotient.emulator.kinds import Kind, Registry
 from quotient.emulator.objects import Obj, metadata
@@ -65,8 +69,13 @@ class Server:
         hooks: testhooks.Hooks,
         config: ServerConfig = ServerConfig(),
         clock: Callable[[], float] = time.time,
+        logs: ContainerLogs | None = None,
     ) -> None:
         self.api = api
+        self.logs = logs or ContainerLogs()
+        """What the containers printed (the kubelets'), served as ``pods/log``."""
+        self.pod_proxy = podproxy.Proxy()
+        """Where pods' ports "listen", for ``pods/proxy``."""
         self.hub = hub
         self.faults = faults
         self.hooks = hooks
@@ -109,6 +118,7 @@ class Server:
             self.hub.close_all()
             await self._runner.cleanup()
             self._runner = None
+        await self.pod_proxy.close()
 
     # --- Dispatch ---
 
@@ -127,6 +137,9 @@ class Server:
         refused = self.access.authenticate(request) or self.access.check_path(request, path)
         if refused is not None:
             return failure_response(refused)
+        proxied = podproxy.parse(request.path)
+        if proxied is not None:
+            return await self._proxy(request, proxied)
         if path.startswith(("/api/", "/apis/")) or path in ("/api", "/apis"):
             document = self._discovery(request, path)
             if isinstance(document, status.Failure):
@@ -225,7 +238,25 @@ class Server:
             return chosen
         return view, *chosen
 
+    async def _proxy(self, request: web.Request, target: podproxy.ProxyTarget) -> web.StreamResponse:
+        verb = podproxy.verb(request.method)
+        if verb is None:
+            return failure_response(status.method_not_allowed(f"the server does not proxy {request.method}"))
+        refused = self.access.check_resource(request, podproxy.attributes_target(target), verb)
+        if refused is not None:
+            return failure_response(refused)
+        namespace, name = target.namespace, target.name
+        injected = await self._fault(
+            request, verb=verb, resource="pods", subresource="proxy", namespace=namespace, name=name
+        )
+        if injected is not None:
+            return injected
+        return await self.pod_proxy.serve(request, target, pod=self.api.store.get("pods", namespace, name))
+
     async def _get(self, request: web.Request, kind: Kind, target: Target, body: Any) -> web.StreamResponse:
+        if target.subresource == "log":
+            pod = self.api.store.get("pods", target.namespace, target.name)
+            return await podlogs.serve(request, pod=pod, name=target.name, logs=self.logs)
         found = self.api.get(kind, target.namespace, target.name)
         if target.subresource == "scale" and not isinstance(found, status.Failure):
             return json_response(views.scale(found))
@@ -319,6 +350,17 @@ class Server:
             return failure_response(issued) if isinstance(issued, status.Failure) else json_response(issued, 201)
         if kind.group == tokenreview.GROUP and kind.plural == tokenreview.PLURAL:
             reviewed = tokenreview.review(self.access.tokens, body, now_s=self.clock())
+            return failure_response(reviewed) if isinstance(reviewed, status.Failure) else json_response(reviewed, 201)
+        if accessreviews.is_review(kind.group, kind.plural):
+            reviewed = accessreviews.answer(
+                kind.group,
+                kind.plural,
+                body,
+                namespace=target.namespace,
+                requester=self.access.user_of(request),
+                policy=self.access.policy(),
+                now_s=self.clock(),
+            )
             return failure_response(reviewed) if isinstance(reviewed, status.Failure) else json_response(reviewed, 201)
         if target.subresource == "eviction":
             evicted = await self.api.evict(kind, target.namespace, target.name, body)

@@ -176,7 +176,7 @@ async def test_a_placement_is_assumed_at_once_then_bound_and_published_with_its_
     assert (decision["reason"], decision["cycle"]) == ("Scheduled", 7)
     assert uid not in world.dispatcher.in_flight
     assert world.sample("quotient_binds_total", "bound") == 1.0
-    assert world.events.recorded == []
+    assert world.events.recorded == [("a", "Scheduled", "Successfully assigned ml/a to n1")]
 
 
 async def test_a_pod_bound_elsewhere_meanwhile_is_lost_its_assumption_forgotten_and_an_event_says_so(

@@ -175,5 +175,5 @@ def test_kubectl_create_namespace_protobuf_bodies_decode() -> None:
     decoded = protobuf.decode(body)
     assert decoded["apiVersion"] == "v1" and decoded["kind"] == "Namespace"
     assert decoded["metadata"]["name"] == "x"
-    with pytest.raises(protobuf.ProtobufError):
-        protobuf.decode(b"k8s\x00\n\x16\n\x07apps/v1\x12\nDeployment")
+    with pytest.raises(protobuf.ProtobufError, match="not supported"):
+        protobuf.decode(b"k8s\x00\n\x1f\n\x14networking.k8s.io/v1\x12\x07Ingress")
