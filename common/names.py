@@ -185,10 +185,14 @@ EMULATED_LABEL: Final = "quotient.dev/emulated"
 BENCH_CREATED_ANNOTATION: Final = "quotient.dev/bench-created-ns"
 """On a pod ``quotient bench e2e`` created: when, in ns, so create-to-bound latency is measured on the pod itself."""
 
-# --- vCluster and LeaderWorkerSet: what grouping reads of them --------------------------------------------------
+# --- vCluster, LeaderWorkerSet and JobSet: what grouping reads of them ------------------------------------------
 
 VCLUSTER_OWNER_KIND_ANNOTATION: Final = "vcluster.loft.sh/owner-set-kind"
 VCLUSTER_OWNER_NAME_ANNOTATION: Final = "vcluster.loft.sh/owner-set-name"
 VCLUSTER_NAMESPACE_ANNOTATION: Final = "vcluster.loft.sh/namespace"
 VCLUSTER_MANAGED_BY_LABEL: Final = "vcluster.loft.sh/managed-by"
 LWS_GROUP_INDEX_LABEL: Final = "leaderworkerset.sigs.k8s.io/group-index"
+JOBSET_REPLICATED_JOB_LABEL: Final = "jobset.sigs.k8s.io/replicatedjob-name"
+"""On a JobSet's pod (JobSet's controller writes it): the replicated job it runs for."""
+JOBSET_JOB_INDEX_LABEL: Final = "jobset.sigs.k8s.io/job-index"
+"""On a JobSet's pod: which replica of its replicated job it belongs to (0, 1, ...)."""

@@ -188,6 +188,12 @@ WEBHOOK_SETTINGS: tuple[Setting[object], ...] = (
         help="the ValidatingWebhookConfiguration of the queue webhook whose caBundle is kept",
     ),
     Setting(
+        name="webhook_podgroup_configuration",
+        parse=config.parse_str,
+        default="quotient-podgroup-validation",
+        help="the ValidatingWebhookConfiguration of the PodGroup webhook whose caBundle is kept",
+    ),
+    Setting(
         name="queue_parent_must_exist",
         parse=config.parse_bool,
         default=False,
@@ -224,6 +230,7 @@ def webhook_settings_from(values: Mapping[str, object]) -> webhook.WebhookSettin
         namespace=str(values["webhook_namespace"]),
         configuration=str(values["webhook_configuration"]),
         queue_configuration=str(values["webhook_queue_configuration"]),
+        podgroup_configuration=str(values["webhook_podgroup_configuration"]),
         queue_parent_must_exist=bool(values["queue_parent_must_exist"]),
         cert_validity_s=float(str(values["webhook_cert_validity"])),
         upkeep_interval_s=float(str(values["webhook_upkeep_interval"])),

@@ -2,7 +2,12 @@
 
 A pod (or any owner of it) with KAI's ``kai.scheduler/skip-podgrouper: "true"`` is left alone: its user made its
 PodGroup and names it in ``pod-group-name``. The workload's ``kai.scheduler/preemption-delay`` and
-``kai.scheduler/staleness-grace-period`` go into the spec of the PodGroup made for it, as KAI's grouper does.
+``kai.scheduler/staleness-grace-period`` go into the spec of the PodGroup made for it, as KAI's grouper does. A
+JobSet's PodGroup carries KAI's subgroup tree (``minSubGroup`` and ``subGroups``, no ``minMember``), and each of its
+pods gets its leaf in the ``kai.scheduler/subgroup-name`` label together with ``pod-group-name``, in one patch at
+once: a pod counts in a tree only through its leaf, so it joins the group when the watch brings it back labelled
+(joined before, it would be a pending pod of no leaf). A JobSet whose PodGroup was made flat before (by an older
+Quotient, as KAI's grouper before v0.16) keeps it: the PodGroup exists, and a tree-less group reads no leaf.
 
 Runs beside the cycle: a new pod without a usable ``pod-group-name`` is queued here; once its PodGroup exists and the
 annotation is written, the watch brings the pod back with the annotation and it joins its group in the next
@@ -42,6 +47,26 @@ _MAX_OWNER_DEPTH = 8
 _OWNER_CACHE_TTL_S = 30.0
 _RETRY = Backoff(base_s=0.5, cap_s=30.0)
 """Between attempts to group a pod whose PodGroup or annotation the API refused."""
+
+
+def _minimums(decision: grouping.Grouping) -> Obj:
+    """The PodGroup's minimums as KAI's grouper writes them: ``minSubGroup`` and the tree, or ``minMember``."""
+    if not decision.subgroups:
+        return {"minMember": decision.min_member}
+    entries: list[Obj] = []
+    for sub in decision.subgroups:
+        entry: Obj = {"name": sub.name}
+        if sub.parent is not None:
+            entry["parent"] = sub.parent
+        if sub.min_subgroup is not None:
+            entry["minSubGroup"] = sub.min_subgroup
+        else:
+            entry["minMember"] = sub.min_member or 0
+        entries.append(entry)
+    minimums: Obj = {"subGroups": entries}
+    if decision.min_subgroup is not None:
+        minimums["minSubGroup"] = decision.min_subgroup
+    return minimums
 
 
 def _controller(refs: Sequence[OwnerRef]) -> OwnerRef | None:
@@ -181,11 +206,7 @@ class Grouper:
                 "namespace": pod.namespace,
                 "labels": {self._queue_label: decision.queue},
             },
-            "spec": {
-                "minMember": decision.min_member,
-                "queue": decision.queue,
-                "priorityClassName": decision.priority_class,
-            },
+            "spec": {"queue": decision.queue, "priorityClassName": decision.priority_class, **_minimums(decision)},
         }
         if decision.preemptible is not None:
             body["spec"]["preemptibility"] = names.PREEMPTIBLE if decision.preemptible else names.NON_PREEMPTIBLE
@@ -212,6 +233,7 @@ class Grouper:
                 podgroup=f"{pod.namespace}/{name}",
                 queue=decision.queue,
                 min_member=decision.min_member,
+                subgroups=len(decision.subgroups),
             )
         except KubeAlreadyExists:
             pass
@@ -228,7 +250,25 @@ class Grouper:
                     reason="IgnoredAnnotation",
                     message=warning,
                 )
-        return None if pod.pod_group else name
+        return await self._labelled(pod, name, decision)
+
+    async def _labelled(self, pod: PodRecord, name: str, decision: grouping.Grouping) -> str | None:
+        """For a pod of a subgroup tree: write its leaf and PodGroup on it now (see the module's docstring); None:
+        nothing left to annotate."""
+        leaf = decision.subgroup
+        if leaf is None:
+            return None if pod.pod_group else name
+        if pod.labels.get(names.SUBGROUP_LABEL) == leaf and pod.pod_group:
+            return None
+        metadata: Obj = {"labels": {names.SUBGROUP_LABEL: leaf}}
+        if not pod.pod_group:
+            metadata["annotations"] = {names.POD_GROUP_ANNOTATION: name}
+        try:
+            await self._api.patch(kubeapi.PODS, {"metadata": metadata}, name=pod.name, namespace=pod.namespace)
+        except KubeNotFound:
+            return None
+        log.debug("pod_subgroup_labelled", pod=pod.display, podgroup=name, subgroup=leaf)
+        return None
 
     def _skipped(self, pod: PodRecord, where: str) -> None:
         """KAI's ``kai.scheduler/skip-podgrouper: "true"``: no PodGroup is made and the pod is not annotated; it joins

@@ -1,16 +1,17 @@
-"""The admission webhooks, served over HTTPS by every scheduler replica: GPU sharing for pods (mutating) and KAI's
-queue validation (validating), on two paths of one server.
+"""The admission webhooks, served over HTTPS by every scheduler replica: GPU sharing for pods (mutating), KAI's
+queue validation and KAI's PodGroup validation (validating), on three paths of one server.
 
 The reviews themselves are pure: ``scheduler.kube.admission`` (what a pod's GPU annotations get: a refusal that
-says what to fix, or the JSONPatch wiring a share's GPU environment) and ``scheduler.kube.queueadmission`` (a Queue
-refused or admitted with warnings); this module serves them, listing the Queues the queue review needs through the
-API on each call (queues change rarely and a create is rarer still; every replica answers, leader or not, so it
-cannot count on a leader's watches). Every replica serves the webhooks (the Service spreads calls over all of them;
-pod creation must not wait for an election). :func:`serve` runs them as the scheduler does: a certificate made at
-start (or provided by cert-manager), the server, and an upkeep round every minute that keeps this replica's CA in the
-``caBundle`` of both configurations (another replica's restart may have pushed it out; a re-applied configuration
-has none), renews the certificate when two thirds of its validity are gone, and reloads a provided certificate that
-cert-manager renewed.
+says what to fix, or the JSONPatch wiring a share's GPU environment), ``scheduler.kube.queueadmission`` (a Queue
+refused or admitted with warnings) and ``scheduler.kube.podgroupadmission`` (a PodGroup's spec held to KAI's
+rules, which needs nothing but the request); this module serves them, listing the Queues the queue review needs
+through the API on each call (queues change rarely and a create is rarer still; every replica answers, leader or
+not, so it cannot count on a leader's watches). Every replica serves the webhooks (the Service spreads calls over all
+of them; pod creation must not wait for an election). :func:`serve` runs them as the scheduler does: a certificate
+made at start (or provided by cert-manager), the server, and an upkeep round every minute that keeps this replica's
+CA in the ``caBundle`` of every configuration (another replica's restart may have pushed it out; a re-applied
+configuration has none), renews the certificate when two thirds of its validity are gone, and reloads a provided
+certificate that cert-manager renewed.
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ from aiohttp import web
 
 from common import logs
 from common.errors import ConfigError
-from scheduler.kube import admission, certs, kubeapi, queueadmission
+from scheduler.kube import admission, certs, kubeapi, podgroupadmission, queueadmission
 from scheduler.kube.errors import KubeError
 
 log = logs.get("scheduler.kube.webhook")
 
 MUTATE_PATH = "/mutate-pods"
 VALIDATE_QUEUES_PATH = queueadmission.PATH
+VALIDATE_PODGROUPS_PATH = podgroupadmission.PATH
 HEALTH_PATH = "/healthz"
 DEFAULT_PORT = 9443  # the port controller-runtime's webhooks use; the Service maps 443 onto it
 # A pod is at most ~1.5 MiB (etcd's object limit); an AdmissionReview carries it once on CREATE.
@@ -50,8 +52,9 @@ QueueLister = Callable[[], Awaitable[Sequence[dict[str, Any]]]]
 
 
 class WebhookServer:
-    """``POST /mutate-pods`` and ``POST /validate-scheduling-run-ai-v2-queue`` (AdmissionReviews) and
-    ``GET /healthz`` over TLS, on the running event loop."""
+    """``POST /mutate-pods``, ``POST /validate-scheduling-run-ai-v2-queue`` and
+    ``POST /validate-scheduling-run-ai-v2alpha2-podgroup`` (AdmissionReviews) and ``GET /healthz`` over TLS, on the
+    running event loop."""
 
     def __init__(
         self,
@@ -88,6 +91,7 @@ class WebhookServer:
         app = web.Application(client_max_size=MAX_REVIEW_BYTES)
         app.router.add_post(MUTATE_PATH, self._mutate)
         app.router.add_post(VALIDATE_QUEUES_PATH, self._validate_queue)
+        app.router.add_post(VALIDATE_PODGROUPS_PATH, self._validate_podgroup)
         app.router.add_get(HEALTH_PATH, self._health)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
@@ -126,6 +130,15 @@ class WebhookServer:
             answer = admission.respond(read.uid, verdict)
         return web.Response(status=answer.status, body=answer.body, content_type=answer.content_type)
 
+    async def _validate_podgroup(self, request: web.Request) -> web.Response:
+        read = admission.read_review(await request.read())
+        answer = (
+            read
+            if isinstance(read, admission.ReviewAnswer)
+            else admission.respond(read.uid, podgroupadmission.admit(read.request))
+        )
+        return web.Response(status=answer.status, body=answer.body, content_type=answer.content_type)
+
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
@@ -160,6 +173,8 @@ class WebhookSettings:
     configuration: str = "quotient-gpu-sharing"
     queue_configuration: str = "quotient-queue-validation"
     """The ValidatingWebhookConfiguration of the queue webhook, whose ``caBundle`` is kept too."""
+    podgroup_configuration: str = "quotient-podgroup-validation"
+    """The ValidatingWebhookConfiguration of the PodGroup webhook, whose ``caBundle`` is kept too."""
     queue_parent_must_exist: bool = False
     """KAI's strict queue validation: refuse a Queue whose parent does not exist."""
     cert_validity_s: float = 365 * 24 * 3600.0
@@ -243,6 +258,7 @@ class _Upkeep:
         configurations = (
             (self._settings.configuration, certs.WEBHOOK_CONFIGURATIONS),
             (self._settings.queue_configuration, certs.VALIDATING_WEBHOOK_CONFIGURATIONS),
+            (self._settings.podgroup_configuration, certs.VALIDATING_WEBHOOK_CONFIGURATIONS),
         )
         configuration = self._settings.configuration
         try:

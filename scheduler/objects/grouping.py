@@ -10,9 +10,11 @@ writes on them (``vcluster.loft.sh/owner-set-kind``/``-name`` name the tenant-si
 namespace`` its namespace); when they name a workload, the pods of that workload are grouped together as KAI would
 group them in the tenant's cluster.
 
-KAI v0.15-v0.17's workload knobs are read here too, as KAI's grouper reads them: ``kai.scheduler/skip-podgrouper``
-(:func:`skips_grouper`: the grouper then makes nothing), ``kai.scheduler/batch-min-member`` on a Job (one gang of
-that size) or a JobSet (its gang's size), and ``kai.scheduler/preemption-delay`` and
+A JobSet's pods share one PodGroup with KAI v0.16's two-level subgroup tree (``jobsets``: a subgroup per replicated
+job, a leaf per replica, each pod's leaf in its ``kai.scheduler/subgroup-name``). KAI v0.15-v0.17's workload knobs
+are read here too, as KAI's grouper reads them: ``kai.scheduler/skip-podgrouper`` (:func:`skips_grouper`: the grouper
+then makes nothing), ``kai.scheduler/batch-min-member`` on a Job (one gang of that size) or a JobSet (the tree's
+root ``minSubGroup``), and ``kai.scheduler/preemption-delay`` and
 ``kai.scheduler/staleness-grace-period`` from the owners (nearest first) then the pod, for the PodGroup's spec. An
 annotation that cannot be read is left out with a warning for an event, never a failure.
 """
@@ -26,15 +28,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from common import names
-from scheduler.objects import durations, fields
-from scheduler.objects.records import PodRecord
+from scheduler.objects import durations, fields, jobsets
+from scheduler.objects.records import PodRecord, SubGroupSpec
 
 # Kinds whose pods each get a group of their own (no gang), and kinds whose pods share one group.
 _PER_POD = {("batch", "Job"), ("batch", "CronJob"), ("apps", "Deployment")}
 _SHARED = {("apps", "StatefulSet"), ("apps", "ReplicaSet")}
 _KUBEFLOW = {"PyTorchJob": "pytorchReplicaSpecs", "TFJob": "tfReplicaSpecs", "MPIJob": "mpiReplicaSpecs"}
 _RAY = {"RayCluster", "RayJob"}
-_BATCH = {("batch", "Job"), ("jobset.x-k8s.io", "JobSet")}  # where KAI reads kai.scheduler/batch-min-member
+_BATCH = {("batch", "Job")}  # where KAI reads kai.scheduler/batch-min-member as a gang size (a JobSet's: jobsets.py)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,6 +55,7 @@ class Grouping:
 
     group_name: str
     min_member: int
+    """The PodGroup's ``spec.minMember``; not written when the group has ``subgroups`` (KAI sets one or the other)."""
     queue: str
     priority_class: str
     preemptible: bool | None
@@ -68,6 +71,12 @@ class Grouping:
     """``kai.scheduler/staleness-grace-period`` likewise: the PodGroup's ``spec.stalenessGracePeriod``."""
     warnings: tuple[str, ...] = ()
     """Annotations that could not be read and were left out, each with why: the texts of warning events."""
+    min_subgroup: int | None = None
+    """The PodGroup's ``spec.minSubGroup`` (with ``subgroups``): top-level subgroups that must be satisfied."""
+    subgroups: tuple[SubGroupSpec, ...] = ()
+    """The PodGroup's ``spec.subGroups`` (KAI's tree, a JobSet's); empty: a flat gang of ``min_member``."""
+    subgroup: str | None = None
+    """The pod's leaf in ``subgroups``: its ``kai.scheduler/subgroup-name`` label."""
 
 
 def skips_grouper(obj: Mapping[str, Any] | PodRecord) -> bool:
@@ -108,7 +117,7 @@ def _with_knobs(grouping: Grouping, pod: PodRecord, owners: Sequence[Mapping[str
 
 
 def _batch_min_member(owner: Mapping[str, Any]) -> int | str | None:
-    """``kai.scheduler/batch-min-member`` on a Job or JobSet: a whole number (KAI parses an int32), or why not."""
+    """``kai.scheduler/batch-min-member`` on a Job: a whole number (KAI parses an int32), or why not."""
     text = _annotations(owner).get(names.BATCH_MIN_MEMBER_ANNOTATION)
     if text is None:
         return None
@@ -163,16 +172,6 @@ def _ray_min_member(owner: Mapping[str, Any]) -> int:
         spec = spec.get("rayClusterSpec") or {}
     workers = spec.get("workerGroupSpecs") or []
     return 1 + sum(_int((group or {}).get("minReplicas"), 0) for group in workers if isinstance(group, dict))
-
-
-def _jobset_min_member(owner: Mapping[str, Any]) -> int:
-    total = 0
-    for job in (owner.get("spec") or {}).get("replicatedJobs") or []:
-        if not isinstance(job, dict):
-            continue
-        parallelism = _int((((job.get("template") or {}).get("spec")) or {}).get("parallelism"), 1)
-        total += _int(job.get("replicas"), 1) * max(parallelism, 1)
-    return max(total, 1)
 
 
 def _priority_class(pod: PodRecord, owner: Mapping[str, Any] | None, default: str) -> str:
@@ -276,7 +275,13 @@ def _by_owner(pod: PodRecord, owner: Mapping[str, Any], queue_label: str) -> Gro
     ref = {"apiVersion": owner.get("apiVersion"), "kind": kind, "name": name, "uid": uid}
 
     def made(
-        min_member: int, default_class: str, *, per_pod: bool = False, suffix: str = "", warning: str | None = None
+        min_member: int,
+        default_class: str,
+        *,
+        per_pod: bool = False,
+        suffix: str = "",
+        warning: str | None = None,
+        note: str | None = None,
     ) -> Grouping:
         return Grouping(
             group_name=group_name(pod.name, pod.uid) if per_pod else group_name(f"{name}{suffix}", uid),
@@ -286,6 +291,7 @@ def _by_owner(pod: PodRecord, owner: Mapping[str, Any], queue_label: str) -> Gro
             preemptible=_preemptible(pod, owner),
             owner=ref,
             warnings=(warning,) if warning else (),
+            note=note,
         )
 
     batch = _batch_min_member(owner) if (group, kind) in _BATCH else None
@@ -302,9 +308,18 @@ def _by_owner(pod: PodRecord, owner: Mapping[str, Any], queue_label: str) -> Gro
     if group == "ray.io" and kind in _RAY:
         return made(_ray_min_member(owner), names.DEFAULT_PRIORITY_CLASS)
     if group == "jobset.x-k8s.io" and kind == "JobSet":
-        # The annotation sets the one gang's size (KAI's flat JobSet grouping, before v0.16's subgroup tree).
-        size = batch if isinstance(batch, int) else _jobset_min_member(owner)
-        return made(size, names.DEFAULT_PRIORITY_CLASS, warning=batch if isinstance(batch, str) else None)
+        # KAI v0.16: one PodGroup, a subgroup per replicated job and a leaf per replica (jobsets.py).
+        tree = jobsets.shape(owner, pod.labels)
+        if isinstance(tree, str):
+            note = f"{tree}: the pod gets a group of its own"
+            return made(1, names.DEFAULT_PRIORITY_CLASS, per_pod=True, note=note)
+        return dataclasses.replace(
+            made(0, names.DEFAULT_PRIORITY_CLASS),
+            min_subgroup=tree.min_subgroup,
+            subgroups=tree.subgroups,
+            subgroup=tree.leaf,
+            warnings=tree.warnings,
+        )
     if group == "leaderworkerset.x-k8s.io" and kind == "LeaderWorkerSet":
         size = _int(((owner.get("spec") or {}).get("leaderWorkerTemplate") or {}).get("size"), 1)
         index = pod.labels.get(names.LWS_GROUP_INDEX_LABEL, "0")

@@ -8,11 +8,13 @@ A PodGroup is read with KAI v0.18's meaning (KAI's ``podgroup_types.go`` and its
 - ``spec.minSubGroup`` and ``spec.subGroups[] {name, parent, minMember, minSubGroup}``: KAI's subgroup tree. A leaf
   holds pods and needs its ``minMember``; a mid-level subgroup (some entry names it as ``parent``) needs
   ``minSubGroup`` of its direct children (all of them when unset), and so does the PodGroup of its top-level
-  subgroups. What KAI's webhook refuses (both minimums on one level, a missing parent, a cycle, a duplicate name, a
-  leaf with ``minSubGroup``, a mid-level subgroup with ``minMember``, a ``minSubGroup`` above the number of
-  children) is a ``Problem`` here; the rest of the tree is still read.
-- ``spec.preemptionDelay`` (else the ``kai.scheduler/preemption-delay`` annotation): a non-negative Go duration;
-  ``kai.scheduler/last-eviction-timestamp`` re-arms it.
+  subgroups. KAI's PodGroup webhook rules (``podgrouprules``) are checked here too: what it refuses (both minimums
+  on one level, a missing parent, a cycle, a duplicate name, a leaf with ``minSubGroup`` or without ``minMember``)
+  is a ``Problem`` and the rest of the tree is still read; what it only warns of (a ``minSubGroup`` above the number
+  of children) or refuses only on creation (a mid-level ``minMember``, which its scheduler never reads) is not, as
+  KAI's scheduler reads such a spec. :func:`findings` hands all of it, with its severity, to the webhook.
+- ``spec.preemptionDelay`` (else the ``kai.scheduler/preemption-delay`` annotation): a Go duration;
+  ``kai.scheduler/last-eviction-timestamp`` re-arms it. A negative one is no delay (KAI's scheduler), with a warning.
 - ``spec.stalenessGracePeriod`` (else the ``kai.scheduler/staleness-grace-period`` annotation): a Go duration,
   negative meaning never stale.
 
@@ -24,50 +26,47 @@ queue label). KAI's rule for priority: the cluster's PriorityClass of that name,
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from common import names
-from scheduler.objects import durations, fields
-from scheduler.objects.records import PodGroupRecord, PriorityClassRecord, Problem, SubGroupSpec
+from scheduler.objects import durations, fields, podgrouprules
+from scheduler.objects.records import PodGroupRecord, PriorityClassRecord, Problem
 
 
 def decode(obj: Mapping[str, Any]) -> PodGroupRecord | None:
     """The record of a PodGroup; None for an object without a name."""
+    read = _read(obj)
+    return read[0] if read is not None else None
+
+
+def findings(obj: Mapping[str, Any]) -> tuple[podgrouprules.Finding, ...]:
+    """Everything wrong with a PodGroup by KAI's rules and the schema's types, each with its severity: what the
+    PodGroup webhook refuses or warns of. The record's ``problems`` are those that stop the group."""
+    read = _read(obj)
+    return read[1] if read is not None else ()
+
+
+def _read(obj: Mapping[str, Any]) -> tuple[PodGroupRecord, tuple[podgrouprules.Finding, ...]] | None:
     meta = fields.meta(obj)
     name = fields.text(meta.get("name"))
     if not name:
         return None
     spec = fields.mapping(obj.get("spec"))
     annotations = fields.string_map(meta.get("annotations"))
-    problems: list[Problem] = []
-    min_member = _count(spec, "minMember", "spec.minMember", problems)
-    min_subgroup = _count(spec, "minSubGroup", "spec.minSubGroup", problems)
-    if min_member is not None and min_subgroup is not None:
-        problems.append(
-            Problem(
-                field="spec.minSubGroup",
-                message=f"minMember ({min_member}) and minSubGroup ({min_subgroup}) are mutually exclusive: set "
-                "minMember for a number of pods or minSubGroup for a number of subgroups, not both",
-            )
-        )
-    tree = _subgroup_tree(spec.get("subGroups"), problems)
-    if min_subgroup is not None:
-        roots = sum(1 for sub in tree if sub.parent is None)
-        if min_subgroup > roots:
-            problems.append(
-                Problem(
-                    field="spec.minSubGroup",
-                    message=f"minSubGroup ({min_subgroup}) exceeds the number of top-level subgroups ({roots})",
-                )
-            )
+    found: list[podgrouprules.Finding] = []
+    min_member = podgrouprules.count(spec, "minMember", "spec.minMember", found)
+    min_subgroup = podgrouprules.count(spec, "minSubGroup", "spec.minSubGroup", found)
+    entries = podgrouprules.read_subgroups(spec.get("subGroups"), found)
+    podgrouprules.check(min_member=min_member, min_subgroup=min_subgroup, entries=entries, findings=found)
     preemptibility = spec.get("preemptibility")
     if preemptibility is not None and preemptibility not in (names.PREEMPTIBLE, names.NON_PREEMPTIBLE):
-        problems.append(
-            Problem(
+        found.append(
+            podgrouprules.Finding(
                 field="spec.preemptibility",
                 message=f"{preemptibility!r} is not {names.PREEMPTIBLE!r} or {names.NON_PREEMPTIBLE!r}; the "
                 "priority decides",
+                severity=podgrouprules.Severity.UNREADABLE,
             )
         )
     delay = _duration(
@@ -76,7 +75,7 @@ def decode(obj: Mapping[str, Any]) -> PodGroupRecord | None:
         field="spec.preemptionDelay",
         annotation=names.PREEMPTION_DELAY_ANNOTATION,
         negative_allowed=False,
-        problems=problems,
+        findings=found,
     )
     grace = _duration(
         spec.get("stalenessGracePeriod"),
@@ -84,9 +83,10 @@ def decode(obj: Mapping[str, Any]) -> PodGroupRecord | None:
         field="spec.stalenessGracePeriod",
         annotation=names.STALENESS_GRACE_ANNOTATION,
         negative_allowed=True,
-        problems=problems,
+        findings=found,
     )
-    return PodGroupRecord(
+    last_eviction = _last_eviction(annotations, found)
+    record = PodGroupRecord(
         namespace=fields.text(meta.get("namespace")),
         name=name,
         uid=fields.text(meta.get("uid")),
@@ -98,26 +98,18 @@ def decode(obj: Mapping[str, Any]) -> PodGroupRecord | None:
         preemptibility=preemptibility if preemptibility in (names.PREEMPTIBLE, names.NON_PREEMPTIBLE) else None,
         min_member_declared=min_member,
         min_subgroup=min_subgroup,
-        subgroup_tree=tree,
+        subgroup_tree=tuple(entry.spec for entry in entries),
         preemption_delay_ns=delay or 0,
-        last_eviction_ns=_last_eviction(annotations, problems),
+        last_eviction_ns=last_eviction,
         staleness_grace_ns=grace,
-        problems=tuple(problems),
+        problems=tuple(
+            Problem(field=finding.field, message=finding.message) for finding in found if finding.severity.is_problem
+        ),
     )
+    return record, tuple(found)
 
 
 # --- the parts ------------------------------------------------------------------------------------------------------
-
-
-def _count(section: Mapping[str, Any], key: str, field: str, problems: list[Problem]) -> int | None:
-    """A minimum (``minMember``, ``minSubGroup``): a whole number >= 0, None when unset or unreadable."""
-    value = section.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        problems.append(Problem(field=field, message=f"{value!r} is not a whole number >= 0"))
-        return None
-    return value
 
 
 def _duration(
@@ -127,136 +119,48 @@ def _duration(
     field: str,
     annotation: str,
     negative_allowed: bool,
-    problems: list[Problem],
+    findings: list[podgrouprules.Finding],
 ) -> int | None:
-    """The spec field's Go duration, else the annotation's; None when neither is set or readable."""
+    """The spec field's Go duration, else the annotation's; None when neither is set or readable. A spec value that
+    cannot be read is refused by the webhook (KAI's cannot decode it); an annotation's is left out with a warning."""
     for text, where in ((value, field), (annotation_value, f"metadata.annotations[{annotation}]")):
         if text is None:
             continue
+        severity = podgrouprules.Severity.UNREADABLE if where == field else podgrouprules.Severity.IGNORED
         parsed = durations.parse_ns(text) if isinstance(text, str) else None
         if parsed is None:
-            problems.append(Problem(field=where, message=f"{text!r} is not {durations.FORMS}"))
+            findings.append(
+                podgrouprules.Finding(field=where, message=f"{text!r} is not {durations.FORMS}", severity=severity)
+            )
             continue
         if parsed < 0 and not negative_allowed:
-            problems.append(Problem(field=where, message=f"{text!r} is negative; the delay must be 0 or more"))
-            continue
+            # KAI decodes it and its scheduler waits for no delay: admitted with a warning, read as none.
+            findings.append(
+                podgrouprules.Finding(
+                    field=where,
+                    message=f"{text!r} is negative: no delay",
+                    severity=podgrouprules.Severity.WARNING if where == field else severity,
+                )
+            )
+            return None
         return parsed
     return None
 
 
-def _last_eviction(annotations: Mapping[str, str], problems: list[Problem]) -> int:
+def _last_eviction(annotations: Mapping[str, str], findings: list[podgrouprules.Finding]) -> int:
     text = annotations.get(names.LAST_EVICTION_ANNOTATION)
     if text is None:
         return 0
     moment = fields.timestamp_ns(text)
     if moment == 0:
-        problems.append(
-            Problem(
+        findings.append(
+            podgrouprules.Finding(
                 field=f"metadata.annotations[{names.LAST_EVICTION_ANNOTATION}]",
                 message=f"{text!r} is not an RFC 3339 time such as 2026-07-12T10:33:43Z",
+                severity=podgrouprules.Severity.IGNORED,
             )
         )
     return moment
-
-
-def _subgroup_tree(raw: object, problems: list[Problem]) -> tuple[SubGroupSpec, ...]:
-    """The ``spec.subGroups`` entries that can be read, and a problem for each rule of KAI's that the tree breaks."""
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        problems.append(Problem(field="spec.subGroups", message="is not a list of subgroups"))
-        return ()
-    entries: list[SubGroupSpec] = []
-    positions: list[int] = []  # each entry's index in spec.subGroups, for the field of a problem
-    seen: set[str] = set()
-    for index, item in enumerate(raw):
-        where = f"spec.subGroups[{index}]"
-        entry = fields.mapping(item)
-        name = entry.get("name")
-        if not isinstance(name, str) or not name:
-            problems.append(Problem(field=f"{where}.name", message="a subgroup needs a name"))
-            continue
-        if name in seen:
-            problems.append(Problem(field=f"{where}.name", message=f"duplicate subgroup name {name!r}"))
-            continue
-        seen.add(name)
-        parent = entry.get("parent")
-        if parent is not None and not isinstance(parent, str):
-            problems.append(Problem(field=f"{where}.parent", message=f"{parent!r} is not a subgroup name"))
-            parent = None
-        positions.append(index)
-        entries.append(
-            SubGroupSpec(
-                name=name,
-                parent=parent or None,
-                min_member=_count(entry, "minMember", f"{where}.minMember", problems),
-                min_subgroup=_count(entry, "minSubGroup", f"{where}.minSubGroup", problems),
-            )
-        )
-    _check_tree(entries, positions, problems)
-    return tuple(entries)
-
-
-def _check_tree(entries: Sequence[SubGroupSpec], positions: Sequence[int], problems: list[Problem]) -> None:
-    """KAI's rules for the tree (its PodGroup webhook): parents exist, no cycle, each level's minimum fits it."""
-    by_name = {entry.name: entry for entry in entries}
-    children: dict[str, list[str]] = {}
-    for index, entry in zip(positions, entries, strict=True):
-        if entry.parent is None:
-            continue
-        if entry.parent not in by_name:
-            problems.append(
-                Problem(
-                    field=f"spec.subGroups[{index}].parent",
-                    message=f"parent {entry.parent!r} of {entry.name!r} is not a subgroup of this PodGroup",
-                )
-            )
-            continue
-        children.setdefault(entry.parent, []).append(entry.name)
-    for index, entry in zip(positions, entries, strict=True):
-        ancestor, steps = entry.parent, 0
-        while ancestor is not None and ancestor in by_name and steps <= len(entries):
-            if ancestor == entry.name:
-                problems.append(
-                    Problem(
-                        field=f"spec.subGroups[{index}].parent",
-                        message=f"the parents of subgroup {entry.name!r} lead back to it: a cycle",
-                    )
-                )
-                break
-            ancestor, steps = by_name[ancestor].parent, steps + 1
-    for index, entry in zip(positions, entries, strict=True):
-        where = f"spec.subGroups[{index}]"
-        kids = children.get(entry.name, [])
-        if entry.min_member is not None and entry.min_subgroup is not None:
-            problems.append(
-                Problem(
-                    field=f"{where}.minSubGroup",
-                    message=f"subgroup {entry.name!r}: minMember and minSubGroup are mutually exclusive",
-                )
-            )
-        elif not kids and entry.min_subgroup is not None:
-            problems.append(
-                Problem(
-                    field=f"{where}.minSubGroup",
-                    message=f"subgroup {entry.name!r} has no child subgroups; a leaf takes minMember, not minSubGroup",
-                )
-            )
-        elif kids and entry.min_member is not None:
-            problems.append(
-                Problem(
-                    field=f"{where}.minMember",
-                    message=f"subgroup {entry.name!r} has child subgroups ({', '.join(kids)}); use minSubGroup",
-                )
-            )
-        if kids and entry.min_subgroup is not None and entry.min_subgroup > len(kids):
-            problems.append(
-                Problem(
-                    field=f"{where}.minSubGroup",
-                    message=f"subgroup {entry.name!r}: minSubGroup ({entry.min_subgroup}) exceeds the number of "
-                    f"its child subgroups ({len(kids)})",
-                )
-            )
 
 
 # --- priority classes and the priority rule -------------------------------------------------------------------------

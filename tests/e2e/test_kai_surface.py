@@ -1,8 +1,11 @@
-"""KAI v0.15-v0.18's workload surface end to end: the real scheduler process serving both admission webhooks (GPU
-sharing and KAI's queue validation), the emulator calling them as an API server does and holding custom resources
-to ``deploy/``'s CRD schemas, and kubectl.
+"""KAI v0.15-v0.18's workload surface end to end: the real scheduler process serving the admission webhooks (GPU
+sharing, KAI's queue validation and KAI's PodGroup validation), the emulator calling them as an API server does and
+holding custom resources to ``deploy/``'s CRD schemas, and kubectl.
 
-An invalid Queue is refused by ``kubectl apply`` with the reason; KAI v0.17/v0.18 manifests (a pod with a
+An invalid Queue, and a PodGroup KAI's webhook refuses, are refused by ``kubectl apply`` with the reason (a PodGroup
+KAI only warns of is admitted with kubectl's ``Warning:``); a JobSet becomes one PodGroup with KAI v0.16's two-level
+tree, made by the grouper through the PodGroup webhook, and its pods are placed as the tree says (InOrder: the first
+replicated job alone; the next waits whole for both its replicas, then runs); KAI v0.17/v0.18 manifests (a pod with a
 preemption delay, per-container GPU memory with a limit above the request and SM sharing, a PodGroup with the new
 spec fields) are admitted, grouped with their knobs in the PodGroup's spec, and scheduled as KAI would: shares of
 different compute modes on different GPUs, a subgroup tree placed by its ``minSubGroup`` (the one replica of two
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import json
 import subprocess
 import tempfile
 import time
@@ -39,11 +43,12 @@ pytestmark = pytest.mark.integration
 KAI = REPO / "tests" / "integration" / "emulator" / "kai"
 NAMESPACE = "kai-demo"
 QUEUE_WEBHOOK = "queue-validation.quotient.dev"
+PODGROUP_WEBHOOK = "podgroup-validation.quotient.dev"
 Obj = dict[str, Any]
 
 
 def _configurations() -> list[Obj]:
-    """Both webhook configurations exactly as ``kubectl apply -k deploy/base`` would send them."""
+    """The webhook configurations exactly as ``kubectl apply -k deploy/base`` would send them."""
     rendered = subprocess.run(
         [require_tool("kubectl"), "kustomize", str(REPO / "deploy" / "base")],
         capture_output=True,
@@ -83,12 +88,13 @@ class World:
             "0.2s",
             "--queue-parent-must-exist",
         )
-        polling.until_sync(self._trusted, timeout_s=harness.STEP_TIMEOUT_S, what="the scheduler's CA in both caBundles")
+        polling.until_sync(self._trusted, timeout_s=harness.STEP_TIMEOUT_S, what="the scheduler's CA in every caBundle")
 
     def _trusted(self) -> bool:
         for kind, name in (
             ("MutatingWebhookConfiguration", "quotient-gpu-sharing"),
             ("ValidatingWebhookConfiguration", "quotient-queue-validation"),
+            ("ValidatingWebhookConfiguration", "quotient-podgroup-validation"),
         ):
             stored = self.emulator.call(
                 functools.partial(self.emulator.emulator.get, "admissionregistration.k8s.io/v1", kind, name)
@@ -140,6 +146,163 @@ def test_an_invalid_queue_is_refused_by_kubectl_apply_with_the_reason(world: Wor
     assert "spec.resources.gpu.quota in body must be of type number" in not_a_number.stderr
     listed = world.kubectl.json("get", "queues")["items"]
     assert {queue["metadata"]["name"] for queue in listed} == {"default-parent-queue", "default-queue"}
+
+
+def _podgroup(name: str, spec: Obj) -> Obj:
+    return {
+        "apiVersion": "scheduling.run.ai/v2alpha2",
+        "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"queue": "default-queue", **spec},
+    }
+
+
+def _namespace() -> Obj:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+
+
+def test_a_podgroup_kais_webhook_refuses_is_refused_by_kubectl_apply_and_one_it_warns_of_is_admitted_with_it(
+    world: World,
+) -> None:
+    assert world.apply(yaml.safe_dump(_namespace())).returncode == 0
+    leaf_without_minimum = world.apply(yaml.safe_dump(_podgroup("no-minimum", {"subGroups": [{"name": "workers"}]})))
+    both_minimums = world.apply(
+        yaml.safe_dump(
+            _podgroup("both", {"minMember": 2, "minSubGroup": 1, "subGroups": [{"name": "a", "minMember": 1}]})
+        )
+    )
+    too_many = world.apply(
+        yaml.safe_dump(_podgroup("too-many", {"minSubGroup": 3, "subGroups": [{"name": "a", "minMember": 1}]}))
+    )
+
+    assert leaf_without_minimum.returncode != 0
+    assert (
+        f'admission webhook "{PODGROUP_WEBHOOK}" denied the request: spec.subGroups[0].minMember: subgroup '
+        "'workers': minMember is required on a leaf SubGroup" in leaf_without_minimum.stderr
+    )
+    assert both_minimums.returncode != 0 and "minMember and minSubGroup are mutually exclusive" in both_minimums.stderr
+    assert too_many.returncode == 0, too_many.stderr
+    assert (
+        "Warning: spec.minSubGroup: minSubGroup (3) exceeds the number of direct child SubGroups (1)" in too_many.stderr
+    )
+    listed = world.kubectl.json("get", "podgroups", "-n", NAMESPACE)["items"]
+    assert [group["metadata"]["name"] for group in listed] == ["too-many"]
+
+
+def _jobset(name: str) -> Obj:
+    """A JobSet whose replicated jobs start one after another (InOrder): ``prep``, one pod of one GPU, then ``train``,
+    two replicas of two pods of one GPU each. Five GPUs in all, on a node of four."""
+
+    def replicated(job: str, replicas: int, parallelism: int) -> Obj:
+        pod_spec = {
+            "schedulerName": "kai-scheduler",
+            "restartPolicy": "Never",
+            "containers": [{"name": job, "image": "ubuntu", "resources": {"limits": {names.GPU_RESOURCE: "1"}}}],
+        }
+        spec = {"parallelism": parallelism, "completions": parallelism, "template": {"spec": pod_spec}}
+        return {"name": job, "replicas": replicas, "template": {"spec": spec}}
+
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {names.QUEUE_LABEL: "default-queue"}},
+        "spec": {
+            "startupPolicy": {"startupPolicyOrder": "InOrder"},
+            "replicatedJobs": [replicated("prep", 1, 1), replicated("train", 2, 2)],
+        },
+    }
+
+
+def _jobs(jobset: Obj) -> list[Obj]:
+    """The Jobs JobSet's controller makes, one per replica (the emulator runs no JobSet controller; its Job
+    controller makes their pods), each pod labelled with its replicated job and index as JobSet's controller does."""
+    meta = jobset["metadata"]
+    owner = {
+        "apiVersion": jobset["apiVersion"],
+        "kind": "JobSet",
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    made = []
+    for replicated in jobset["spec"]["replicatedJobs"]:
+        for index in range(replicated["replicas"]):
+            spec = json.loads(json.dumps(replicated["template"]["spec"]))
+            spec["template"]["metadata"] = {
+                "labels": {
+                    names.JOBSET_REPLICATED_JOB_LABEL: replicated["name"],
+                    names.JOBSET_JOB_INDEX_LABEL: str(index),
+                    "jobset.sigs.k8s.io/jobset-name": meta["name"],
+                }
+            }
+            made.append(
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "metadata": {
+                        "name": f"{meta['name']}-{replicated['name']}-{index}",
+                        "namespace": NAMESPACE,
+                        "ownerReferences": [owner],
+                    },
+                    "spec": spec,
+                }
+            )
+    return made
+
+
+def test_a_jobset_is_one_podgroup_with_kais_tree_and_its_pods_are_placed_as_the_tree_says(world: World) -> None:
+    assert world.apply(yaml.safe_dump_all([_namespace(), _jobset("pipeline")])).returncode == 0
+    jobset = world.kubectl.json("get", "jobsets.jobset.x-k8s.io", "pipeline", "-n", NAMESPACE)
+    result = world.apply(yaml.safe_dump_all(_jobs(jobset)))
+    assert result.returncode == 0, result.stderr
+    group = f"pg-pipeline-{jobset['metadata']['uid']}"
+
+    def by_job() -> dict[str, list[Obj]]:
+        current: dict[str, list[Obj]] = {}
+        for pod in harness.pods(world.kubectl, NAMESPACE).values():
+            job = pod["metadata"].get("labels", {}).get("job-name", "")
+            current.setdefault(job, []).append(pod)
+        return current
+
+    polling.until_sync(
+        lambda: any(harness.bound(pod) for pod in by_job().get("pipeline-prep-0", [])),
+        timeout_s=harness.STEP_TIMEOUT_S,
+        what="the prep replica bound: InOrder needs one replicated job",
+    )
+    stored = world.kubectl.json("get", "podgroup", group, "-n", NAMESPACE)
+    assert "minMember" not in stored["spec"] and stored["spec"]["minSubGroup"] == 1
+    assert stored["spec"]["subGroups"] == [
+        {"name": "prep", "minSubGroup": 1},
+        {"name": "prep-replica-0", "parent": "prep", "minMember": 1},
+        {"name": "train", "minSubGroup": 2},
+        {"name": "train-replica-0", "parent": "train", "minMember": 2},
+        {"name": "train-replica-1", "parent": "train", "minMember": 2},
+    ]
+    assert stored["metadata"]["ownerReferences"][0]["kind"] == "JobSet"
+    polling.until_sync(
+        lambda: "train" in _condition_message(world, group),
+        timeout_s=harness.STEP_TIMEOUT_S,
+        what="the train replicas' reason on the PodGroup",
+    )
+    pods = by_job()
+    for job, members in pods.items():
+        for pod in members:
+            labels, annotations = pod["metadata"]["labels"], pod["metadata"].get("annotations", {})
+            assert annotations.get(names.POD_GROUP_ANNOTATION) == group, pod["metadata"]["name"]
+            assert labels[names.SUBGROUP_LABEL] == job.removeprefix("pipeline-").replace("-", "-replica-")
+    train = [pod for job in ("pipeline-train-0", "pipeline-train-1") for pod in pods.get(job, [])]
+    assert len(train) == 4 and not any(harness.bound(pod) for pod in train), (
+        "three GPUs are free and one replica would fit, but train needs both its replicas at once"
+    )
+
+    world.kubectl("delete", "job", "pipeline-prep-0", "-n", NAMESPACE)  # prep is done: its GPU is free
+    polling.until_sync(
+        lambda: sum(harness.bound(pod) for job in ("pipeline-train-0", "pipeline-train-1")
+                    for pod in by_job().get(job, [])) == 4,
+        timeout_s=harness.STEP_TIMEOUT_S,
+        what="both train replicas bound together on the four GPUs",
+    )  # fmt: skip
 
 
 def test_a_kai_v018_manifest_with_the_new_fields_is_admitted_grouped_with_its_knobs_and_scheduled(world: World) -> None:

@@ -239,7 +239,7 @@ class Deployed:
         return self.world.scheduler(*args, identity="rbac", leader_elect=True, kubeconfig=kubeconfig)
 
     def trust_webhooks(self) -> None:
-        """Apply the webhook configurations and wait until the scheduler wrote its CA into both."""
+        """Apply the webhook configurations and wait until the scheduler wrote its CA into each."""
         self.world.apply(
             "webhooks", *_of_kinds(self.rendered, "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
         )
@@ -250,11 +250,12 @@ class Deployed:
                 for kind, name in (
                     ("mutatingwebhookconfiguration", "quotient-gpu-sharing"),
                     ("validatingwebhookconfiguration", "quotient-queue-validation"),
+                    ("validatingwebhookconfiguration", "quotient-podgroup-validation"),
                 )
             ]
             return all(hook["clientConfig"].get("caBundle") for c in configurations for hook in c["webhooks"])
 
-        polling.until_sync(trusted, timeout_s=harness.STEP_TIMEOUT_S, what="the scheduler's CA in both webhooks")
+        polling.until_sync(trusted, timeout_s=harness.STEP_TIMEOUT_S, what="the scheduler's CA in every webhook")
 
     def record(self) -> access.Record:
         emulator = self.world.emulator

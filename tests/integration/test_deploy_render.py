@@ -888,6 +888,7 @@ def test_the_examples_fractions_are_the_shares_of_the_seeds_workflows() -> None:
 OVERLAY_CERT_MANAGER = REPO / "deploy" / "overlays" / "cert-manager"
 WEBHOOK_CONFIGURATION = "quotient-gpu-sharing"
 QUEUE_WEBHOOK_CONFIGURATION = "quotient-queue-validation"
+PODGROUP_WEBHOOK_CONFIGURATION = "quotient-podgroup-validation"
 CERT_MANAGER_GROUP = "cert-manager.io"
 
 
@@ -994,7 +995,7 @@ def test_the_scheduler_may_read_and_update_its_own_webhook_configuration_and_no_
         {
             "apiGroups": ["admissionregistration.k8s.io"],
             "resources": ["validatingwebhookconfigurations"],
-            "resourceNames": [QUEUE_WEBHOOK_CONFIGURATION],
+            "resourceNames": [QUEUE_WEBHOOK_CONFIGURATION, PODGROUP_WEBHOOK_CONFIGURATION],
             "verbs": ["get", "update"],
         },
     ]
@@ -1018,6 +1019,7 @@ def test_the_cert_manager_overlay_is_valid_and_changes_only_the_webhooks_certifi
         ("Deployment", "quotient-scheduler"),
         ("MutatingWebhookConfiguration", WEBHOOK_CONFIGURATION),
         ("ValidatingWebhookConfiguration", QUEUE_WEBHOOK_CONFIGURATION),
+        ("ValidatingWebhookConfiguration", PODGROUP_WEBHOOK_CONFIGURATION),
     }
     removed = {("ClusterRole", "quotient-scheduler-webhook"), ("ClusterRoleBinding", "quotient-scheduler-webhook")}
 
@@ -1037,8 +1039,9 @@ def test_the_cert_manager_overlay_serves_the_certificate_whose_ca_it_injects(ren
 
     objects = rendered_cert_manager
     annotations = _one(objects, "MutatingWebhookConfiguration", WEBHOOK_CONFIGURATION)["metadata"]["annotations"]
-    queue_configuration = _one(objects, "ValidatingWebhookConfiguration", QUEUE_WEBHOOK_CONFIGURATION)
-    assert queue_configuration["metadata"]["annotations"] == annotations, "both trust the CA cert-manager injects"
+    for validating in (QUEUE_WEBHOOK_CONFIGURATION, PODGROUP_WEBHOOK_CONFIGURATION):
+        configuration = _one(objects, "ValidatingWebhookConfiguration", validating)
+        assert configuration["metadata"]["annotations"] == annotations, "all trust the CA cert-manager injects"
     namespace, _, name = annotations["cert-manager.io/inject-ca-from"].partition("/")
     serving = _one(objects, "Certificate", name)
     deployment = _scheduler(objects)
@@ -1117,6 +1120,36 @@ def test_the_queue_webhook_is_sent_queue_creations_and_updates_on_the_path_the_s
     kinds = [obj["kind"] for obj in rendered]
     assert kinds.index("ValidatingWebhookConfiguration") > max(i for i, kind in enumerate(kinds) if kind == "Queue")
     assert _allows(_rules(rendered, "ClusterRole", "quotient-scheduler"), OUR_GROUP, "queues", "list")
+
+
+def test_the_podgroup_webhook_is_sent_podgroup_creations_and_updates_on_the_path_the_scheduler_serves(
+    rendered: list[Obj],
+) -> None:
+    from scheduler.kube import webhook
+
+    [entry] = _one(rendered, "ValidatingWebhookConfiguration", PODGROUP_WEBHOOK_CONFIGURATION)["webhooks"]
+    settings = _webhook_settings(_container(_scheduler(rendered), "scheduler"))
+    mutating = _webhook_entry(rendered)
+
+    assert settings.podgroup_configuration == PODGROUP_WEBHOOK_CONFIGURATION
+    assert entry["clientConfig"]["service"] == {
+        **mutating["clientConfig"]["service"],
+        "path": webhook.VALIDATE_PODGROUPS_PATH,
+    }
+    assert webhook.VALIDATE_PODGROUPS_PATH == "/validate-scheduling-run-ai-v2alpha2-podgroup", "KAI's path"
+    assert "caBundle" not in entry["clientConfig"], "each replica writes its own CA; apply must not erase them"
+    # KAI's rules: creations and updates of the PodGroup itself (status writes are a subresource, not sent).
+    assert entry["rules"] == [
+        {
+            "operations": ["CREATE", "UPDATE"],
+            "apiGroups": [OUR_GROUP],
+            "apiVersions": ["v2alpha2"],
+            "resources": ["podgroups"],
+            "scope": "Namespaced",
+        }
+    ]
+    assert entry["admissionReviewVersions"] == ["v1"] and entry["sideEffects"] == "None"
+    assert entry["failurePolicy"] == "Fail" and 1 <= entry["timeoutSeconds"] <= 10
 
 
 def test_the_podgroup_crd_has_kais_v018_fields_with_zero_minimums_at_both_levels(rendered: list[Obj]) -> None:

@@ -301,7 +301,11 @@ def queue_configuration() -> Obj:
         check=True,
     )
     [found] = [
-        doc for doc in yaml.safe_load_all(result.stdout) if doc and doc["kind"] == "ValidatingWebhookConfiguration"
+        doc
+        for doc in yaml.safe_load_all(result.stdout)
+        if doc
+        and doc["kind"] == "ValidatingWebhookConfiguration"
+        and doc["metadata"]["name"] == "quotient-queue-validation"
     ]
     configuration: Obj = found
     return configuration

@@ -197,11 +197,12 @@ async def test_a_list_that_fails_leaves_the_parent_unchecked_unless_it_must_exis
     assert answer["allowed"] is False and "could not be read" in answer["status"]["message"]
 
 
-async def test_upkeep_keeps_the_ca_in_both_configurations(tmp_path: Path) -> None:
+async def test_upkeep_keeps_the_ca_in_every_configuration(tmp_path: Path) -> None:
     kube = MemoryKube()
     for resource, name in (
         (certs.WEBHOOK_CONFIGURATIONS, "quotient-gpu-sharing"),
         (certs.VALIDATING_WEBHOOK_CONFIGURATIONS, "quotient-queue-validation"),
+        (certs.VALIDATING_WEBHOOK_CONFIGURATIONS, "quotient-podgroup-validation"),
     ):
         await kube.create(resource, {"metadata": {"name": name}, "webhooks": [{"name": "w", "clientConfig": {}}]})
     listening: list[webhook.WebhookServer] = []
@@ -220,10 +221,11 @@ async def test_upkeep_keeps_the_ca_in_both_configurations(tmp_path: Path) -> Non
 
     [server] = listening
     assert server.certificate.ca_pem is not None and rounds == 1
-    for resource in (certs.WEBHOOK_CONFIGURATIONS, certs.VALIDATING_WEBHOOK_CONFIGURATIONS):
-        [stored] = kube.of(resource)
-        bundle = base64.b64decode(stored["webhooks"][0]["clientConfig"]["caBundle"])
-        assert server.certificate.ca_pem in bundle, resource.kind
+    stored = [*kube.of(certs.WEBHOOK_CONFIGURATIONS), *kube.of(certs.VALIDATING_WEBHOOK_CONFIGURATIONS)]
+    assert len(stored) == 3
+    for configuration in stored:
+        bundle = base64.b64decode(configuration["webhooks"][0]["clientConfig"]["caBundle"])
+        assert server.certificate.ca_pem in bundle, configuration["metadata"]["name"]
     assert datetime.datetime.now(datetime.UTC) < server.certificate.not_after
 
 

@@ -70,16 +70,9 @@ def test_a_pytorchjob_is_one_gang_of_all_its_replicas_or_its_min_available() -> 
     assert grouping.decide(pod("pt-worker-0"), [job]).min_member == 2
 
 
-def test_ray_jobset_and_leaderworkerset_gangs() -> None:
+def test_ray_and_leaderworkerset_gangs() -> None:
     ray = obj("RayCluster", "r", api="ray.io/v1", spec={"workerGroupSpecs": [{"minReplicas": 2}, {"minReplicas": 1}]})
     assert grouping.decide(pod(), [ray]).min_member == 4
-    jobset = obj(
-        "JobSet",
-        "js",
-        api="jobset.x-k8s.io/v1alpha2",
-        spec={"replicatedJobs": [{"replicas": 2, "template": {"spec": {"parallelism": 3}}}]},
-    )
-    assert grouping.decide(pod(), [jobset]).min_member == 6
     lws = obj("LeaderWorkerSet", "l", api="leaderworkerset.x-k8s.io/v1", spec={"leaderWorkerTemplate": {"size": 4}})
     first = grouping.decide(pod(labels={"leaderworkerset.sigs.k8s.io/group-index": "0"}), [lws])
     second = grouping.decide(pod(labels={"leaderworkerset.sigs.k8s.io/group-index": "1"}), [lws])

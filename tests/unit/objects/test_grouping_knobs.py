@@ -1,5 +1,6 @@
-"""KAI v0.15-v0.18 in the pod grouper's decision: skip-podgrouper, batch-min-member, and the preemption delay and
-staleness grace copied from the workload into its PodGroup."""
+"""KAI v0.15-v0.18 in the pod grouper's decision: skip-podgrouper, batch-min-member on a Job (on a JobSet:
+``test_grouping_jobset.py``), and the preemption delay and staleness grace copied from the workload into its
+PodGroup."""
 
 from __future__ import annotations
 
@@ -63,18 +64,6 @@ def test_an_unreadable_batch_min_member_is_left_out_with_a_warning(value: str) -
     assert decided.group_name == "pg-p-0-uid-p-0" and decided.min_member == 1
     [warning] = decided.warnings
     assert names.BATCH_MIN_MEMBER_ANNOTATION in warning and "Job/train" in warning
-
-
-def test_batch_min_member_sets_a_jobsets_gang_size() -> None:
-    jobset = owner(
-        "JobSet",
-        "js",
-        api="jobset.x-k8s.io/v1alpha2",
-        annotations={names.BATCH_MIN_MEMBER_ANNOTATION: "3"},
-        spec={"replicatedJobs": [{"replicas": 4, "template": {"spec": {"parallelism": 2}}}]},
-    )
-
-    assert grouping.decide(pod(), [jobset]).min_member == 3
 
 
 def test_the_preemption_delay_and_staleness_grace_come_from_the_nearest_owner_then_the_pod() -> None:

@@ -8,19 +8,21 @@ from typing import Any
 import pytest
 
 from common import names
-from scheduler.objects import podgroups
+from scheduler.objects import podgrouprules, podgroups
 from scheduler.objects.records import PodGroupRecord, SubGroupSpec
 
 NS = 1_000_000_000
 
 
-def decoded(spec: dict[str, Any], annotations: dict[str, str] | None = None) -> PodGroupRecord:
+def _object(spec: dict[str, Any], annotations: dict[str, str] | None = None) -> dict[str, Any]:
     metadata: dict[str, Any] = {"name": "pg", "namespace": "ml", "uid": "u1"}
     if annotations is not None:
         metadata["annotations"] = annotations
-    record = podgroups.decode(
-        {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup", "metadata": metadata, "spec": spec}
-    )
+    return {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup", "metadata": metadata, "spec": spec}
+
+
+def decoded(spec: dict[str, Any], annotations: dict[str, str] | None = None) -> PodGroupRecord:
+    record = podgroups.decode(_object(spec, annotations))
     assert record is not None
     return record
 
@@ -85,8 +87,6 @@ def test_a_subgroup_tree_is_read_whole_and_only_its_leaves_reach_the_engine() ->
     [
         ({"minMember": 2, "minSubGroup": 1, "subGroups": [{"name": "a", "minMember": 1}]}, "spec.minSubGroup",
          "mutually exclusive"),
-        ({"minSubGroup": 3, "subGroups": [{"name": "a", "minMember": 1}, {"name": "b", "minMember": 1}]},
-         "spec.minSubGroup", "exceeds the number of top-level subgroups (2)"),
         ({"subGroups": [{"name": "a", "minMember": 1, "parent": "nowhere"}]}, "spec.subGroups[0].parent",
          "'nowhere' of 'a' is not a subgroup"),
         ({"subGroups": [{"name": "a", "parent": "b"}, {"name": "b", "parent": "a"}]}, "spec.subGroups[0].parent",
@@ -94,10 +94,8 @@ def test_a_subgroup_tree_is_read_whole_and_only_its_leaves_reach_the_engine() ->
         ({"subGroups": [{"name": "a", "minMember": 1}, {"name": "a", "minMember": 2}]}, "spec.subGroups[1].name",
          "duplicate subgroup name 'a'"),
         ({"subGroups": [{"name": "a", "minSubGroup": 1}]}, "spec.subGroups[0].minSubGroup", "a leaf takes minMember"),
-        ({"subGroups": [{"name": "a", "minMember": 1}, {"name": "b", "parent": "a", "minMember": 1}]},
-         "spec.subGroups[0].minMember", "has child subgroups (b); use minSubGroup"),
-        ({"subGroups": [{"name": "a", "minSubGroup": 2}, {"name": "b", "parent": "a", "minMember": 1}]},
-         "spec.subGroups[0].minSubGroup", "exceeds the number of its child subgroups (1)"),
+        ({"subGroups": [{"name": "a", "minMember": 1}, {"name": "b", "parent": "a"}]}, "spec.subGroups[1].minMember",
+         "'b': minMember is required on a leaf"),
         ({"subGroups": [{"name": "a", "minMember": 1, "minSubGroup": 1}]}, "spec.subGroups[0].minSubGroup",
          "mutually exclusive"),
         ({"subGroups": [{"minMember": 1}]}, "spec.subGroups[0].name", "needs a name"),
@@ -112,6 +110,44 @@ def test_a_subgroup_tree_that_kai_refuses_is_a_problem_naming_the_field(
 
     [problem] = [problem for problem in record.problems if problem.field == field]
     assert words in problem.message
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "words", "severity"),
+    [
+        ({"minSubGroup": 3, "subGroups": [{"name": "a", "minMember": 1}, {"name": "b", "minMember": 1}]},
+         "spec.minSubGroup", "exceeds the number of direct child SubGroups (2)", podgrouprules.Severity.WARNING),
+        ({"subGroups": [{"name": "a", "minSubGroup": 2}, {"name": "b", "parent": "a", "minMember": 1}]},
+         "spec.subGroups[0].minSubGroup", "exceeds the number of direct child SubGroups (1)",
+         podgrouprules.Severity.WARNING),
+        ({"subGroups": [{"name": "a", "minMember": 1}, {"name": "b", "parent": "a", "minMember": 1}]},
+         "spec.subGroups[0].minMember", "has child SubGroups: b); use minSubGroup",
+         podgrouprules.Severity.REFUSED_ON_CREATE),
+    ],
+)  # fmt: skip
+def test_what_kai_only_warns_of_or_refuses_only_on_creation_is_no_problem_and_the_tree_reads_as_written(
+    spec: dict[str, Any], field: str, words: str, severity: podgrouprules.Severity
+) -> None:
+    record = decoded(spec)
+    [finding] = podgroups.findings(_object(spec))
+
+    assert record.problems == ()
+    assert len(record.subgroup_tree) == len(spec["subGroups"])
+    assert (finding.field, finding.severity) == (field, severity) and words in finding.message
+
+
+def test_a_leaf_without_min_member_is_named_once_per_leaf_and_a_tree_with_a_cycle_is_not_checked_further() -> None:
+    leaves = decoded({"subGroups": [{"name": "b"}, {"name": "a"}, {"name": "c", "minMember": 0}]})
+    cycle = podgroups.findings(
+        _object({"subGroups": [{"name": "a", "parent": "b", "minMember": 1}, {"name": "b", "parent": "a"}]})
+    )
+
+    assert [problem.field for problem in leaves.problems] == [
+        "spec.subGroups[1].minMember",
+        "spec.subGroups[0].minMember",
+    ]
+    assert {finding.severity for finding in cycle} == {podgrouprules.Severity.REFUSED}
+    assert all("cycle" in finding.message for finding in cycle), "no minimum is judged in a tree that loops"
 
 
 def test_a_broken_entry_leaves_the_rest_of_the_tree_readable() -> None:
@@ -130,14 +166,23 @@ def test_the_preemption_delay_comes_from_the_spec_before_the_annotation() -> Non
 
 @pytest.mark.parametrize(
     ("value", "words"),
-    [("5", "Go duration"), ("five minutes", "Go duration"), ("-1m", "negative"), (300, "Go duration")],
+    [("5", "Go duration"), ("five minutes", "Go duration"), (300, "Go duration")],
 )
-def test_a_preemption_delay_that_kai_ignores_is_a_problem_and_no_delay(value: object, words: str) -> None:
+def test_a_preemption_delay_that_cannot_be_read_is_a_problem_and_no_delay(value: object, words: str) -> None:
     record = decoded({"preemptionDelay": value})
 
     assert record.preemption_delay_ns == 0
     [problem] = record.problems
     assert problem.field == "spec.preemptionDelay" and words in problem.message
+
+
+def test_a_negative_preemption_delay_is_no_delay_as_kais_scheduler_reads_it_with_a_warning_and_no_problem() -> None:
+    spec = {"preemptionDelay": "-1m"}
+    record = decoded(spec, {names.PREEMPTION_DELAY_ANNOTATION: "1h"})
+    [finding] = podgroups.findings(_object(spec))
+
+    assert record.preemption_delay_ns == 0 and record.problems == (), "the spec's value wins, and it means none"
+    assert finding.severity is podgrouprules.Severity.WARNING and "negative: no delay" in finding.message
 
 
 def test_an_unreadable_spec_delay_falls_back_to_a_readable_annotation() -> None:
