@@ -1,9 +1,12 @@
 """``quotient simulate``: replay a trace or a workload through the placement engine, print what it achieved.
 
 ``quotient simulate openb --nodes FILE --pods FILE [--seeds 42-51] [--inflate 1.3] [--policy NAME]... [--json OUT]
-[--plot OUT.png]`` runs the FGD paper's experiment on the Alibaba trace for every seed and policy and prints the GPU
-allocation at 100% and 130% of arrived demand (mean and standard deviation over the seeds) beside the published
-figure. ``--json`` writes the curves; ``--plot`` draws allocation against arrival, the policies side by side (it
+[--plot OUT.png] [--consolidate-budget B]`` runs the FGD paper's experiment on the Alibaba trace for every seed and
+policy and prints the GPU allocation at 100% and 130% of arrived demand (mean and standard deviation over the seeds)
+beside the published figure. ``--policy production`` is the scheduler itself (its default configuration and code path,
+learning the workload from the pods it has seen); ``--consolidate-budget B`` also runs it with consolidation allowed
+to move running pods (at most B moves per placed pod) and reports that beside, never instead of, the experiment's
+figures. ``--json`` writes the curves; ``--plot`` draws allocation against arrival, the policies side by side (it
 needs matplotlib, the ``plot`` extra, imported only then). ``--variant gpushare60`` replays a member of the trace's
 families drawn from ``--pods``. Pods are placed by the placement engine itself (the scheduler's own code, with the
 policy as its scorer); ``--backend fast`` replays through the simulator's independent implementation of the
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import fractions
 import importlib
 import importlib.util
 import json
@@ -90,16 +94,28 @@ def parse_inflate(text: str) -> int:
 
 def parse_policies(values: Sequence[str] | None) -> list[str]:
     names: list[str] = []
+    known = policies.NAMES
     for value in values or ["all"]:
         for name in value.split(","):
             name = name.strip()
             if name == "all":
-                names.extend(known for known in policies.POLICIES if known not in names)
-            elif name not in policies.POLICIES:
-                raise argparse.ArgumentTypeError(f"unknown policy {name!r}; known: {', '.join(policies.POLICIES)}, all")
+                names.extend(policy for policy in known if policy not in names)
+            elif name not in known:
+                raise argparse.ArgumentTypeError(f"unknown policy {name!r}; known: {', '.join(known)}, all")
             elif name not in names:
                 names.append(name)
     return names
+
+
+def parse_budget(text: str) -> fractions.Fraction:
+    """A consolidation budget: moves per placed pod, a non-negative number such as 0.05 or 1."""
+    try:
+        value = fractions.Fraction(text)
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected moves per placed pod, such as 0.05") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a budget of moves cannot be negative")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -119,7 +135,15 @@ def _parser() -> argparse.ArgumentParser:
     trace.add_argument(
         "--policy",
         action="append",
-        help=f"repeatable or a comma list; one of {', '.join(policies.POLICIES)}, or all (the default)",
+        help=f"repeatable or a comma list; one of {', '.join(policies.NAMES)}, or all (the default); production is "
+        "the scheduler's own default configuration",
+    )
+    trace.add_argument(
+        "--consolidate-budget",
+        type=parse_budget,
+        metavar="B",
+        help="also run production with consolidation moving running pods, at most B moves per placed pod, and "
+        "report it beside the experiment's figures (beyond the experiment's rules)",
     )
     trace.add_argument(
         "--backend",
@@ -170,29 +194,56 @@ def main(argv: Sequence[str]) -> int:
             parser.error(str(exc))
         trace_name = args.variant
     backend = experiment.Backend(args.backend)
-    results = _run_all(nodes=nodes, pods=pods, names=names, seeds=seeds, target=target, backend=backend, jobs=args.jobs)
-    _print_table(results, target=target, published=openb.PUBLISHED_130.get(trace_name or ""), out=sys.stdout)
+    if backend is experiment.Backend.FAST and (policies.PRODUCTION in names or args.consolidate_budget is not None):
+        parser.error("production is the scheduler's own engine: it runs with --backend engine only")
+    runs = [(name, None) for name in names]
+    if args.consolidate_budget is not None:
+        runs.append((policies.PRODUCTION, args.consolidate_budget))
+    results = _run_all(nodes=nodes, pods=pods, runs=runs, seeds=seeds, target=target, backend=backend, jobs=args.jobs)
+    experiment_results = {name: results[(name, None)] for name in names}
+    _print_table(experiment_results, target=target, published=openb.PUBLISHED_130.get(trace_name or ""), out=sys.stdout)
+    document: dict[str, object] = {"policies": _to_json(experiment_results, target)}
+    if args.consolidate_budget is not None:
+        consolidated = results[(policies.PRODUCTION, args.consolidate_budget)]
+        _print_consolidation(consolidated, budget=args.consolidate_budget, target=target, out=sys.stdout)
+        document["consolidation"] = _consolidation_json(consolidated, args.consolidate_budget, target)
     if args.json_out is not None:
-        args.json_out.write_text(json.dumps({"policies": _to_json(results, target)}, separators=(",", ":")) + "\n")
+        args.json_out.write_text(json.dumps(document, separators=(",", ":")) + "\n")
     if args.plot is not None:
-        _plot(results, args.plot, title=f"openb {trace_name or args.pods.name}")
+        _plot(experiment_results, args.plot, title=f"openb {trace_name or args.pods.name}")
     return 0
 
 
 # --- running ------------------------------------------------------------------------------------------------------
 
 
+Run = tuple[str, fractions.Fraction | None]
+"""A policy by name, and its consolidation budget (None: the experiment's rules)."""
+
+
+def _label(run: Run) -> str:
+    name, budget = run
+    return name if budget is None else f"{name} (consolidate {budget})"
+
+
 def _run_one(
     nodes: Sequence[openb.TraceNode],
     pods: Sequence[openb.TracePod],
-    name: str,
+    run: Run,
     seed: int,
     target: int,
     backend: experiment.Backend,
 ) -> tuple[experiment.SeedResult, float]:
+    name, budget = run
     started = time.process_time()
     result = experiment.run_seed(
-        nodes=nodes, pods=pods, policy=policies.POLICIES[name], seed=seed, target_percent=target, backend=backend
+        nodes=nodes,
+        pods=pods,
+        policy=None if name == policies.PRODUCTION else policies.POLICIES[name],
+        seed=seed,
+        target_percent=target,
+        backend=backend,
+        consolidate_budget=budget,
     )
     return result, time.process_time() - started
 
@@ -201,32 +252,32 @@ def _run_all(
     *,
     nodes: Sequence[openb.TraceNode],
     pods: Sequence[openb.TracePod],
-    names: Sequence[str],
+    runs: Sequence[Run],
     seeds: Sequence[int],
     target: int,
     backend: experiment.Backend,
     jobs: int,
-) -> dict[str, list[tuple[experiment.SeedResult, float]]]:
-    runs = [(name, seed) for name in names for seed in seeds]
-    done: dict[tuple[str, int], tuple[experiment.SeedResult, float]] = {}
-    progress = _Progress(total=len(runs), out=sys.stderr)
+) -> dict[Run, list[tuple[experiment.SeedResult, float]]]:
+    work = [(run, seed) for run in runs for seed in seeds]
+    done: dict[tuple[Run, int], tuple[experiment.SeedResult, float]] = {}
+    progress = _Progress(total=len(work), out=sys.stderr)
     if jobs == 1:
-        for name, seed in runs:
-            progress.show(f"{name} seed {seed}")
-            done[(name, seed)] = _run_one(nodes, pods, name, seed, target, backend)
-            progress.advance(f"{name} seed {seed}")
+        for run, seed in work:
+            progress.show(f"{_label(run)} seed {seed}")
+            done[(run, seed)] = _run_one(nodes, pods, run, seed, target, backend)
+            progress.advance(f"{_label(run)} seed {seed}")
     else:
         with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
             futures = {
-                pool.submit(_run_one, nodes, pods, name, seed, target, backend): (name, seed) for name, seed in runs
+                pool.submit(_run_one, nodes, pods, run, seed, target, backend): (run, seed) for run, seed in work
             }
-            progress.show(f"{len(runs)} runs on {jobs} processes")
+            progress.show(f"{len(work)} runs on {jobs} processes")
             for future in concurrent.futures.as_completed(futures):
-                name, seed = futures[future]
-                done[(name, seed)] = future.result()
-                progress.advance(f"{name} seed {seed}")
+                run, seed = futures[future]
+                done[(run, seed)] = future.result()
+                progress.advance(f"{_label(run)} seed {seed}")
     progress.finish()
-    return {name: [done[(name, seed)] for seed in seeds] for name in names}
+    return {run: [done[(run, seed)] for seed in seeds] for run in runs}
 
 
 class _Progress:
@@ -291,6 +342,40 @@ def _print_table(
         )
     seeds = ", ".join(str(result.seed) for result, _ in next(iter(results.values()), []))
     out.write(f"\nGPU allocation in % of capacity, mean ± sample std over seeds {seeds}.\n")
+
+
+def _moves_per_placed(runs: Sequence[tuple[experiment.SeedResult, float]]) -> float:
+    placed = sum(result.placed for result, _ in runs)
+    return sum(result.moves for result, _ in runs) / placed if placed else 0.0
+
+
+def _print_consolidation(
+    runs: Sequence[tuple[experiment.SeedResult, float]],
+    *,
+    budget: fractions.Fraction,
+    target: int,
+    out: IO[str],
+) -> None:
+    """The production policy with consolidation, beyond the experiment's rules: printed apart, after its table."""
+    at_end = _stats([result.allocated_at(target) for result, _ in runs])
+    out.write(
+        "\nBeyond the experiment's rules: production with consolidation moving running pods, "
+        f"at most {float(budget):g} moves per placed pod:\n  alloc@{target}% {at_end[0]:.2f} ± {at_end[1]:.2f}, "
+        f"{_moves_per_placed(runs):.4f} moves per placed pod, "
+        f"{statistics.fmean(t for _, t in runs):.1f} cpu s/seed\n"
+    )
+
+
+def _consolidation_json(
+    runs: Sequence[tuple[experiment.SeedResult, float]], budget: fractions.Fraction, target: int
+) -> dict[str, float]:
+    at_end = _stats([result.allocated_at(target) for result, _ in runs])
+    return {
+        "budget": float(budget),
+        "alloc_130_mean": round(at_end[0], 4),
+        "alloc_130_std": round(at_end[1], 4),
+        "moves_per_placed_pod": round(_moves_per_placed(runs), 6),
+    }
 
 
 def _to_json(

@@ -348,7 +348,11 @@ SETTINGS: tuple[Setting[object], ...] = (
         help="grace of a gang below minMember",
     ),
     Setting(
-        name="gpu_strategy", parse=config.choice("binpack", "spread"), default="binpack", help="node order for GPU pods"
+        name="gpu_strategy",
+        parse=config.choice("fragmentation", "binpack", "spread"),
+        default="fragmentation",
+        help="placement of GPU pods: fragmentation (learned from the workload; binpack without history), or KAI's "
+        "binpack or spread",
     ),
     Setting(
         name="cpu_strategy", parse=config.choice("binpack", "spread"), default="binpack", help="node order for CPU pods"

@@ -39,6 +39,8 @@ searcher takes the rare pod that needs more node by node."""
 
 # Idle looks kept beyond the number of live ones (see the module docstring).
 _IDLE_LOOKS = 64
+# The log of nodes that gained room starts afresh past this many entries (every "fits nowhere" verdict then expires).
+_GROWN_LIMIT = 100_000
 
 LookBest = tuple[int, tuple[int, ...], tuple[int, ...]]
 """The searcher's answer for one look and one pod shape: the best score, its devices, the share taken on each."""
@@ -129,6 +131,14 @@ class Capacity:
         self.max_device_memory = 0
         self.label_keys: frozenset[str] = frozenset()
         """The node label keys some pod's constraints read: only these distinguish node classes."""
+        self.grown: list[int] = []
+        """The nodes (by order) that may have gained room, in the order it happened, since a search last found
+        nothing for a pod (``nowhere``): an eviction, a rollback past such a search, a node that changed in the
+        snapshot. Placements only take room, so a pod that fitted nowhere can fit only on a node logged since."""
+        self.generation = 0
+        """Bumped when the log starts afresh (nodes rebuilt, or the log grew long): older positions mean nothing."""
+        self._noted_depth = -1
+        """The deepest point of the undo log at which a search found nothing since the last rollback past it."""
 
     # --- keeping in step with the snapshot ------------------------------------------------------------------
 
@@ -162,6 +172,8 @@ class Capacity:
             self._replace(work, node)
 
     def _rebuild(self, nodes: Mapping[model.NodeName, model.Node], margin_bytes: int) -> None:
+        self.generation += 1
+        self.grown = []
         self._margin_bytes = margin_bytes
         self.structure_version += 1
         self.state_version += 1
@@ -194,6 +206,7 @@ class Capacity:
         return found
 
     def _replace(self, work: nodework.NodeWork, node: model.Node) -> None:
+        self.grew(work.order)
         old = work.node
         margin = self._margin_bytes or 0
         fresh = nodework.NodeWork(node, order=work.order, cls=self._class_id(node), margin_bytes=margin)
@@ -293,9 +306,27 @@ class Capacity:
     def checkpoint(self) -> int:
         return len(self.undo)
 
+    def grew(self, order: int) -> None:
+        """The node ``order`` may have more room than before (see ``grown``)."""
+        grown = self.grown
+        if len(grown) >= _GROWN_LIMIT:
+            self.generation += 1
+            self.grown = grown = []
+        grown.append(order)
+
+    def nowhere(self) -> tuple[int, int]:
+        """A search found nothing for a pod now: where that verdict stands in the log (``generation``, position)."""
+        self._noted_depth = max(self._noted_depth, len(self.undo))
+        return self.generation, len(self.grown)
+
     def rollback(self, checkpoint: int) -> None:
         """Undo every change made after ``checkpoint`` (the newest first)."""
         undo = self.undo
+        if len(undo) > checkpoint and self._noted_depth > checkpoint:
+            # a search that found nothing saw less room on these nodes than they have once this is undone
+            for work, _ in undo[checkpoint:]:
+                self.grew(work.order)
+            self._noted_depth = checkpoint
         while len(undo) > checkpoint:
             work, saved = undo.pop()
             self._unindex(work)

@@ -40,6 +40,7 @@ from scheduler.placement import (
     roster,
     search,
     shapes,
+    signatures,
     status,
     walk,
 )
@@ -326,6 +327,10 @@ class Cycle:
         ]
         wanted += [(group, step, gangs.total(step, self.reference)) for group, step in self.elastic_waiting]
         now = self.snapshot.now_ns
+        # KAI's scheduling signatures: after a failure, a later attempt of the queue that is not easier is pointless.
+        failures = signatures.FailedAttempts(
+            by_priority=action is model.Action.PREEMPT, reference_memory_bytes=self.reference
+        )
         for group, pods, amounts in wanted:
             if group.id in self.statuses:
                 continue
@@ -333,6 +338,12 @@ class Cycle:
                 scene.wake_at(group.evictions_from_ns)  # KAI's preemption delay: no evictions for it yet
                 seconds = -(-(group.evictions_from_ns - now) // 1_000_000_000)
                 self.refusals[group.id] = f"its preemption delay lets it evict others in {seconds}s"
+                continue
+            pod_shapes = [self._shape(pod) for pod in pods]
+            pointless, why = failures.skip(group, pod_shapes)
+            if pointless:
+                if why is not None and action is model.Action.RECLAIM:
+                    self.refusals[group.id] = why
                 continue
             # The pods may have become placeable through evictions made for an earlier group: never mind then.
             if action is model.Action.CONSOLIDATE:
@@ -345,6 +356,8 @@ class Cycle:
                 refused = evictions.preempt(scene, group, pods)
             if refused is None:
                 self.statuses[group.id] = evictions.waiting_status(reason, group, self.draft)
+            else:
+                failures.failed(group, pod_shapes, refused if action is model.Action.RECLAIM else None)
 
     def _stale_gangs(self) -> None:
         stale = self.roster.stale_groups()

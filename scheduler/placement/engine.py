@@ -29,13 +29,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from common.resources import Resources
-from scheduler.placement import capacity, cycle, fairshare, model, plan, roster, search
+from scheduler.placement import capacity, cycle, fairshare, learning, model, plan, roster, search
 
 
 class Engine:
-    """Runs cycles; keeps only caches between them (see the module docstring)."""
+    """Runs cycles; keeps caches between them (see the module docstring), and the workload the fragmentation
+    strategy learns (``learning``): the one thing a plan depends on besides the snapshot."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, learner: learning.Learner | None = None) -> None:
+        self.learner = learner or learning.Learner()
+        """The pod shapes seen so far; a fresh engine learns them again from the first snapshot's pods."""
         self._capacity = capacity.Capacity()
         self.searcher = search.Searcher(self._capacity)
         self._roster = roster.Roster()
@@ -61,13 +64,17 @@ class Engine:
         if cap.max_device_memory != groups.reference_memory:
             groups.sync(snapshot.groups, reference_memory=cap.max_device_memory)
         self._sync_queues(snapshot.queues, groups.queue_names())
+        arrivals = groups.take_arrivals()
+        if arrivals:
+            self.learner.observe(arrivals, reference_memory_bytes=cap.max_device_memory)
+        learned = self.learner.scorer() if config.gpu_strategy is model.Strategy.FRAGMENTATION else None
         last = self._last
-        if last is not None and last[0] == self._inputs(snapshot) and last[1] in (None, snapshot.now_ns):
+        if last is not None and last[0] == self._inputs(snapshot, learned) and last[1] in (None, snapshot.now_ns):
             return last[2]  # nothing the plan depends on changed: the same plan, without running anything
         tree = self._tree
         assert tree is not None
         shares = self._fair_shares()
-        self.searcher.configure(config, groups.demanded_shares())
+        self.searcher.configure(config, groups.demanded_shares(), learned)
         usage = plan.Usage(self._chains)
         for leaf, held in groups.allocated.items():
             usage.hold(leaf, allocated=held, nonpreemptible=groups.nonpreemptible[leaf])
@@ -83,17 +90,19 @@ class Engine:
             orphans=self._orphans,
         )
         result = work.run()
-        self._last = (self._inputs(snapshot), snapshot.now_ns if work.clock_matters else None, result)
+        self._last = (self._inputs(snapshot, learned), snapshot.now_ns if work.clock_matters else None, result)
         return result
 
-    def _inputs(self, snapshot: model.Snapshot) -> tuple[object, ...]:
-        """What a plan depends on besides the time: versions bumped on every change the engine can see."""
+    def _inputs(self, snapshot: model.Snapshot, learned: object) -> tuple[object, ...]:
+        """What a plan depends on besides the time: versions bumped on every change the engine can see, and the
+        learned scorer in use (replaced, never changed, when the learned workload drifted)."""
         return (
             self._capacity.state_version,
             self._roster.version,
             self._queue_version,
             snapshot.config,
             len(snapshot.queues),
+            learned,
         )
 
     def _sync_queues(self, queues: Mapping[model.QueueName, model.Queue], named: frozenset[model.QueueName]) -> None:

@@ -48,7 +48,10 @@ def reclaim(scene: roommaking.Scene, group: model.Group, pods: Sequence[model.Po
         queue = queues.get(unit.group.queue)
         if queue is None or not scene.old_enough(unit, queue.reclaim_min_runtime_ns):
             return False
-        return rules.eligible(unit)
+        # A victim that would take its queue below its floor is one only if it can move (it keeps counting then).
+        return rules.eligible(unit) and (
+            rules.keeps_floor(unit, scene.draft.evicted) or roommaking.movable(scene, unit)
+        )
 
     multiple = scene.snapshot.config.reclaim_eviction_multiple
     budget: int | None = None

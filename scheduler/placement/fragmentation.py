@@ -24,7 +24,7 @@ import dataclasses
 import enum
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from common import quantities
 
@@ -122,6 +122,13 @@ class WorkloadProfile:
                 counts[shape] += 1
             elif shape.total_milli_gpu:
                 counts[shape] += shape.total_milli_gpu
+        return WorkloadProfile.from_counts(counts, coverage_percent=coverage_percent)
+
+    @staticmethod
+    def from_counts(
+        counts: Mapping[PodShape, int], *, coverage_percent: int = TYPICAL_COVERAGE_PERCENT
+    ) -> WorkloadProfile:
+        """The same choice from integer popularity weights per shape (a learned, decayed distribution)."""
         total = sum(counts.values())
         ranked = sorted(counts.items(), key=lambda item: (-item[1], _shape_order(item[0])))
         chosen: list[TypicalPod] = []
@@ -272,12 +279,18 @@ class Appetite:
     @staticmethod
     def of(shapes: Iterable[PodShape]) -> Appetite:
         """The GPU-demand-weighted appetite of the GPU pods among ``shapes`` (zero when none asks for a GPU)."""
+        counts: Counter[PodShape] = Counter(shapes)
+        return Appetite.of_counts(counts)
+
+    @staticmethod
+    def of_counts(counts: Mapping[PodShape, int]) -> Appetite:
+        """The same from integer weights per shape (a pod of weight w counts w times)."""
         cpu = memory = gpu = 0
-        for shape in shapes:
+        for shape, weight in counts.items():
             if shape.total_milli_gpu:
-                cpu += shape.milli_cpu
-                memory += shape.memory_bytes
-                gpu += shape.total_milli_gpu
+                cpu += shape.milli_cpu * weight
+                memory += shape.memory_bytes * weight
+                gpu += shape.total_milli_gpu * weight
         if gpu == 0:
             return Appetite(milli_cpu_per_gpu=0, memory_bytes_per_gpu=0)
         return Appetite(

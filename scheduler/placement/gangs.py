@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Container, Mapping, Sequence
 
 from common.resources import Resources
-from scheduler.placement import fairshare, model, plan, search, shapes, status, subgroups
+from scheduler.placement import diagnosis, fairshare, model, plan, search, shapes, status, subgroups
 
 GPU, CPU, MEMORY = fairshare.Kind.GPU, fairshare.Kind.CPU, fairshare.Kind.MEMORY
 
@@ -135,6 +135,7 @@ def queue_check(
                     f"queue {name} {kind.value} limit is {status.amount_text(kind, setting.limit)}: "
                     f"{status.amount_text(kind, allocated)} allocated, "
                     f"{status.amount_text(kind, want)} more requested",
+                    status.setting_detail(status.Remedy.RAISE_LIMIT, name, kind, setting.limit, allocated + want, want),
                 )
             if not group.preemptible and setting.quota != model.UNLIMITED:
                 fixed = fairshare.amount(usage.nonpreemptible[name], kind)
@@ -144,6 +145,7 @@ def queue_check(
                         f"non-preemptible work must fit in the quota of queue {name}: {kind.value} quota "
                         f"{status.amount_text(kind, setting.quota)}, {status.amount_text(kind, fixed)} held by "
                         f"non-preemptible work, {status.amount_text(kind, want)} more requested",
+                        status.setting_detail(status.Remedy.RAISE_QUOTA, name, kind, setting.quota, fixed + want, want),
                     )
     return None
 
@@ -169,13 +171,15 @@ def never_fits(
             if setting.limit != model.UNLIMITED and want > setting.limit:
                 return status.never(
                     f"the gang's minimum needs {status.amount_text(kind, want)} of {kind.value}, more than the "
-                    f"limit {status.amount_text(kind, setting.limit)} of queue {name}"
+                    f"limit {status.amount_text(kind, setting.limit)} of queue {name}",
+                    status.setting_detail(status.Remedy.RAISE_LIMIT, name, kind, setting.limit, want, want),
                 )
             if not group.preemptible and setting.quota != model.UNLIMITED and want > setting.quota:
                 return status.never(
                     f"non-preemptible work must fit in the quota: the gang's minimum needs "
                     f"{status.amount_text(kind, want)} of {kind.value}, queue {name} has a quota of "
-                    f"{status.amount_text(kind, setting.quota)}"
+                    f"{status.amount_text(kind, setting.quota)}",
+                    status.setting_detail(status.Remedy.RAISE_QUOTA, name, kind, setting.quota, want, want),
                 )
     gpu_total = 0
     for pod in minimum:
@@ -184,7 +188,8 @@ def never_fits(
             return None  # no node passes the filters: reported as NoNodeFits with each node class's reason
         if not searcher.could_ever_hold(shape):
             return status.never(
-                f"pod {pod.name} asks for {_shape_text(shape)}, more than any node it may use offers when empty"
+                f"pod {pod.name} asks for {_shape_text(shape)}, more than any node it may use offers when empty",
+                diagnosis.largest_node_detail(searcher, shape),
             )
         gpu_total += shape.whole_gpus * model.MILLI_GPU_PER_DEVICE
     if gpu_total:
@@ -192,7 +197,14 @@ def never_fits(
         if gpu_total > offered:
             return status.never(
                 f"the gang's minimum needs {status.amount_text(GPU, gpu_total)} in whole GPUs; the nodes it may use "
-                f"have {status.amount_text(GPU, offered)} in all"
+                f"have {status.amount_text(GPU, offered)} in all",
+                status.never_detail(
+                    status.Resource.GPU,
+                    requested=gpu_total,
+                    most=offered,
+                    message="more whole GPUs than the nodes it may use have in all: add nodes, or ask for fewer",
+                    remedy=status.Remedy.MORE_NODES,
+                ),
             )
     return None
 

@@ -1,11 +1,12 @@
-"""The indexed search: binpack placements found by walking the capacity indexes, without scoring any node.
+"""The indexed search: built-in placements found by walking the capacity indexes, without scoring any node.
 
-Used for the default strategy (binpack at node and device level) and for whole GPUs under either strategy. Each
-walk visits the candidates in the order the built-in scorer would rank them (free whole devices per node; for a
-share the nodes with a fitting shared device by their free whole devices, then the devices on them by free share;
-nodes by free devices then CPU) and stops at the first node that also has the CPU, memory
-and pod slots, so its cost does not grow with the number of nodes, which is what makes thousands of pods per second
-on 5,000 nodes possible. A property test holds it to the scored search with the built-in scorer (``search``).
+Used for the built-in strategies with binpack on the device level (binpack or spread on the node level: the
+scheduler's ``binpack`` and ``spread``) and for whole GPUs under either strategy. Each walk visits the candidates in
+the order the built-in scorer would rank them (free whole devices per node, fewest first for binpack and most first
+for spread; for a share the nodes with a fitting shared device by their free whole devices, then the devices on them
+by free share; nodes by free devices then CPU) and stops at the first node that also has the CPU, memory and pod
+slots, so its cost does not grow with the number of nodes, which is what makes thousands of pods per second on
+5,000 nodes possible. A property test holds it to the scored search with the built-in scorer (``search``).
 """
 
 from __future__ import annotations
@@ -73,18 +74,30 @@ def find_whole(
 
 
 def find_share(
-    cap: capacity.Capacity, shape: shapes.Shape, milli: int, eligible: tuple[int, ...], *, demanded: tuple[int, ...]
+    cap: capacity.Capacity,
+    shape: shapes.Shape,
+    milli: int,
+    eligible: tuple[int, ...],
+    *,
+    demanded: tuple[int, ...],
+    spread: bool = False,
 ) -> shapes.Choice | None:
-    """A share of one device, binpacked, node first: a node with a shared device (of the share's compute mode) the
-    share fits in, the one with the fewest free whole devices, and on it the best shared device (a remainder of
-    nothing or of a size some pending pod asks for, smallest first; else the tightest); else a new group on the node
-    with the fewest free whole devices."""
+    """A share of one device, node first, binpacked on the device: a node with a shared device (of the share's
+    compute mode) the share fits in, the one with the fewest free whole devices (``spread``: the most), and on it the
+    best shared device (a remainder of nothing or of a size some pending pod asks for, smallest first; else the
+    tightest); else a new group on the node with the fewest (``spread``: the most) free whole devices.
+
+    The built-in scorer ranks a share by (a fitting shared device on the node, the node strategy's order of free
+    whole devices, the device parts), so spread walks the same buckets in the opposite order of free whole devices,
+    and each bucket exactly as binpack does."""
     classes = cap.classes
     by_order = cap.by_order
     models = shape.constraints.gpu_models
     mode = shape.share.compute_mode if shape.share is not None else model.ComputeMode.TIME_SLICING
     plain = mode is model.ComputeMode.TIME_SLICING  # joins any group of a node that records no other mode
-    counts = sorted({count for cls in eligible for count, bucket in classes[cls].shared.items() if bucket})
+    counts = sorted(
+        {count for cls in eligible for count, bucket in classes[cls].shared.items() if bucket}, reverse=spread
+    )
     for count in counts:
         # 1. A shared device left with nothing, or with a remainder some pending pod asks for, smallest first.
         for remainder in (0, *demanded):
@@ -134,8 +147,10 @@ def find_share(
                     break
         if best is not None:
             return shapes.Choice(work=by_order[best[1]], devices=(best[2],), share_milli=(milli,))
-    # 3. Open a new group on a free device of the node with the fewest free devices (one more pod slot).
-    counts = sorted({count for cls in eligible for count, bucket in classes[cls].whole.items() if bucket})
+    # 3. Open a new group on a free device of the node with the fewest (spread: most) free devices (one more slot).
+    counts = sorted(
+        {count for cls in eligible for count, bucket in classes[cls].whole.items() if bucket}, reverse=spread
+    )
     for count in counts:
         found: shapes.Choice | None = None
         for cls in eligible:

@@ -381,6 +381,9 @@ class Config:
     reclaim_eviction_multiple: int = 0
     stale_gang_grace_ns: int = 60_000_000_000
     actions: tuple[Action, ...] = DEFAULT_ACTIONS
+    consolidation_max_moves: int = 8
+    """Consolidation moves at most this many victim units for one group (KAI bounds its consolidation the same
+    way); the simulator lowers it to keep within a budget of moves."""
 
 
 DEFAULT_CONFIG = Config()

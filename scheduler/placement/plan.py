@@ -204,6 +204,7 @@ class Draft:
         """Evict a running pod, giving its room back on the working state."""
         if pod.node is not None and (work := self.capacity.by_name.get(pod.node)) is not None:
             cap = self.capacity
+            cap.grew(work.order)
             cap.begin(work)
             work.free_cpu += pod.requests.milli_cpu
             work.free_mem += pod.requests.memory_bytes

@@ -22,7 +22,7 @@ Every refusal is kept as a sentence with the numbers (``Reclaimer.refusal``) for
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 
 from common.resources import Resources
 from scheduler.placement import fairshare, model, plan, status, victims
@@ -132,6 +132,38 @@ class Reclaimer:
 
     def eligible(self, unit: victims.Unit) -> bool:
         return self.may_give(unit.group.queue)
+
+    def keeps_floor(self, unit: victims.Unit, evicted: Container[model.PodUid]) -> bool:
+        """Would evicting ``unit`` (and not moving it) keep every queue on its side of the tree at or above its
+        floor (its deserved quota, or what it held when the attempt began if that was less)?
+
+        The queues below the two paths' meeting point gain nothing from the reclaimer's placement, so a unit that
+        fails this check can only be part of a valid reclaim if it is moved: ``validate`` would refuse any plan that
+        evicts it. Asking first saves every attempt built on such a victim."""
+        theirs = self._tree.ancestors(unit.group.queue)
+        amounts = sum((plan.pod_amounts(pod) for pod in victims.live_pods(unit, evicted)), model.ZERO)
+        allocated = self._usage.allocated
+        for name in theirs:
+            if name in self._mine:
+                break
+            queue = self._tree.queues.get(name)
+            if queue is None:
+                continue
+            deserved = self._shares[name].deserved
+            before = self._before.get(name, model.ZERO)
+            for kind in KINDS:
+                taken = fairshare.amount(amounts, kind)
+                if taken <= 0 or fairshare.setting(queue, kind).quota == model.UNLIMITED:
+                    continue
+                floor = min(fairshare.amount(before, kind), fairshare.amount(deserved, kind))
+                left = fairshare.amount(allocated[name], kind) - taken
+                if left < floor:
+                    self.refusal = (
+                        f"it would take queue {name} to {_text(kind, left)}, below its deserved quota of "
+                        f"{_text(kind, fairshare.amount(deserved, kind))}"
+                    )
+                    return False
+        return True
 
     # --- within bounds --------------------------------------------------------------------------------------------
 

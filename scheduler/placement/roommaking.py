@@ -45,13 +45,12 @@ from scheduler.placement import (
     plan,
     search,
     shapes,
+    status,
     victims,
 )
 
 _MAX_UNITS = 64
 """At most this many victim units are evicted for one group: a bound on the work of one attempt."""
-_MAX_MOVES = 8
-"""Consolidation moves at most this many units for one group (KAI bounds its consolidation the same way)."""
 _MAX_SCANNED = 1_000
 """At most this many candidate units are looked at for one group: on a large cluster the useful victims of a group
 are among the first in victim order or nowhere, and a bound keeps a full cluster's cycle from growing with it."""
@@ -116,10 +115,33 @@ class Scene:
         return self.pod_shapes.get(pod.uid) or shapes.shape_of(pod)
 
 
-def _evict_unit(scene: Scene, unit: victims.Unit, *, reason: decisions.EvictionReason, beneficiary: model.Group) -> int:
+def justification(
+    scene: Scene, *, reason: decisions.EvictionReason, beneficiary: model.Group, minimum: Sequence[model.Pod]
+) -> str:
+    """Why pods are evicted for ``beneficiary``, for each eviction's message: who gains, and how much (its queue's
+    standing as the attempt began, for reclaim). It starts ``reason for group (queue q, priority p)``."""
+    wants = gangs.total(minimum, scene.searcher.capacity.max_device_memory)
+    kind = next((kind for kind in fairshare.KINDS if fairshare.amount(wants, kind) > 0), fairshare.Kind.GPU)
+    gains = status.amount_text(kind, fairshare.amount(wants, kind))
+    head = f"{reason.value} for {beneficiary.id} (queue {beneficiary.queue}, priority {beneficiary.priority})"
+    if reason is decisions.EvictionReason.RECLAIM:
+        held = fairshare.amount(scene.draft.usage.allocated.get(beneficiary.queue, model.ZERO), kind)
+        share = scene.shares.get(beneficiary.queue)
+        fair = fairshare.amount(share.fair, kind) if share is not None else 0
+        return (
+            f"{head}: queue {beneficiary.queue} gains {gains}; it held {status.amount_text(kind, held)} against a "
+            f"fair share of {status.amount_text(kind, fair)}"
+        )
+    if reason is decisions.EvictionReason.PREEMPT:
+        return f"{head}: priority {beneficiary.priority} gains {gains} from lower-priority work of its queue"
+    return f"{head}: moved so that {gains} fit together; every moved pod is placed again"
+
+
+def _evict_unit(
+    scene: Scene, unit: victims.Unit, *, reason: decisions.EvictionReason, beneficiary: model.Group, message: str
+) -> int:
     """Evict the unit's pods not evicted yet; returns the GPU (milli) they held."""
     freed = 0
-    message = f"{reason.value} for {beneficiary.id} (queue {beneficiary.queue}, priority {beneficiary.priority})"
     for pod in unit.pods:
         if pod.uid in scene.draft.evicted:
             continue
@@ -141,6 +163,21 @@ def move(scene: Scene, group: model.Group, pods: Sequence[model.Pod]) -> bool:
             return False
         draft.place(pod, group, choice, kind=plan.Kind.MOVE)
     return True
+
+
+def movable(scene: Scene, unit: victims.Unit) -> bool:
+    """Would the unit's live pods fit elsewhere together, in the room the draft has now (nothing is kept)?"""
+    draft = scene.draft
+    mark = draft.checkpoint()
+    try:
+        for pod in victims.live_pods(unit, draft.evicted):
+            choice = scene.searcher.find(scene.shape(pod))
+            if choice is None:
+                return False
+            draft.place(pod, unit.group, choice, kind=plan.Kind.MOVE)
+        return True
+    finally:
+        draft.rollback(mark)
 
 
 def _move_victims(scene: Scene, chosen: Sequence[victims.Unit], *, required: bool) -> bool:
@@ -225,6 +262,7 @@ class _Search:
         self.pooled_gpu: dict[model.NodeName, int] = {}
         self.chosen: list[victims.Unit] = []
         self.freed = 0
+        self.message = justification(scene, reason=reason, beneficiary=group, minimum=minimum)
 
     def run(self) -> bool:
         if not self._scan():
@@ -254,7 +292,7 @@ class _Search:
     def _scan(self) -> bool:
         """Pool the candidates per node and evict a pool as soon as its node gains room; True once the minimum
         fits (with the draft holding the evictions, moves and reservation)."""
-        limit = _MAX_MOVES if self.moves else _MAX_UNITS
+        limit = self.scene.snapshot.config.consolidation_max_moves if self.moves else _MAX_UNITS
         for index, unit in enumerate(self.candidates):
             if len(self.chosen) >= limit:
                 return False
@@ -331,7 +369,9 @@ class _Search:
         for member in batch:
             if not self._takeable(member) or (member is not newest and not self.eligible(member)):
                 continue
-            self.freed += _evict_unit(self.scene, member, reason=self.reason, beneficiary=self.group)
+            self.freed += _evict_unit(
+                self.scene, member, reason=self.reason, beneficiary=self.group, message=self.message
+            )
             self.chosen.append(member)
             evicted_any = True
         return evicted_any
@@ -351,5 +391,5 @@ class _Search:
     def _attempt(self, chosen: Sequence[victims.Unit]) -> bool:
         self.draft.rollback(self.start)
         for unit in chosen:
-            _evict_unit(self.scene, unit, reason=self.reason, beneficiary=self.group)
+            _evict_unit(self.scene, unit, reason=self.reason, beneficiary=self.group, message=self.message)
         return self._settle(chosen)

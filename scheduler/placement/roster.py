@@ -22,6 +22,8 @@ from typing import NamedTuple
 from common.resources import Resources
 from scheduler.placement import filters, gangs, model, ordering, plan, shapes, status
 
+_PRESENT = (model.PodPhase.PENDING, model.PodPhase.RUNNING)
+
 
 class NeverFits(NamedTuple):
     """A group that can never fit as the cluster and queues stood: the group, those versions, and its status."""
@@ -125,6 +127,10 @@ class Roster:
         """Groups that can never fit; a group's entry goes when the group changes."""
         self._per_queue: dict[model.QueueName, int] = {}
         self._queue_names: tuple[int, frozenset[model.QueueName]] = (0, frozenset())
+        self._members: dict[model.GroupId, frozenset[model.PodUid]] = {}
+        """Per group, the pods seen in it so far: a pod not among them is an arrival."""
+        self.arrivals: list[model.Pod] = []
+        """Pending and running pods seen for the first time since the engine last took them (``take_arrivals``)."""
 
     def sync(self, groups: Mapping[model.GroupId, model.Group], *, reference_memory: int) -> None:
         """Bring the roster in step with ``groups``, reading only the groups whose object changed."""
@@ -146,11 +152,26 @@ class Roster:
             for key in [key for key in seen if key not in groups]:
                 self._forget(seen[key])
         self.version += 1
+        known = self._members
         for group in changed:
             old = seen.get(group.id)
             if old is not None:
                 self._forget(old)
             self._remember(group)
+            before = known.get(group.id, frozenset())
+            uids = frozenset(pod.uid for pod in group.members)
+            if uids != before:
+                self.arrivals.extend(pod for pod in group.members if pod.uid not in before and pod.phase in _PRESENT)
+                known[group.id] = uids
+        if len(known) > len(groups):
+            for key in [key for key in known if key not in groups]:
+                del known[key]
+
+    def take_arrivals(self) -> list[model.Pod]:
+        """The arrivals since the last call, oldest first (creation time, then uid), and forget them."""
+        found = sorted(self.arrivals, key=lambda pod: (pod.created_ns, pod.uid))
+        self.arrivals = []
+        return found
 
     def _remember(self, group: model.Group) -> None:
         contribution = _contribution(group, self.reference_memory)

@@ -44,10 +44,14 @@ _PART = 1 << 21
 
 
 class Strategy(enum.StrEnum):
-    """Node- or device-level placement policy (``model.Strategy`` is this: scoring imports nothing of placement)."""
+    """Node- or device-level placement policy (``model.Strategy`` is this: scoring imports nothing of placement).
+
+    ``FRAGMENTATION`` is a GPU strategy only (``learning``): the fragmentation score over the workload the engine
+    learned, then binpack; as a node or device policy of the built-in scorer it means binpack."""
 
     BINPACK = "binpack"
     SPREAD = "spread"
+    FRAGMENTATION = "fragmentation"
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -210,5 +214,9 @@ def _has_group_for(state: NodeState, request: GpuRequest) -> bool:
 
 
 def builtin(*, node: Strategy, device: Strategy, demanded: Sequence[int] = ()) -> BuiltinScorer:
-    """The built-in scorer for a node and a device strategy."""
-    return BuiltinScorer(node=node, device=device, demanded=tuple(sorted(set(demanded))))
+    """The built-in scorer for a node and a device strategy (``FRAGMENTATION`` falls back to binpack here)."""
+    return BuiltinScorer(node=_plain(node), device=_plain(device), demanded=tuple(sorted(set(demanded))))
+
+
+def _plain(strategy: Strategy) -> Strategy:
+    return Strategy.SPREAD if strategy is Strategy.SPREAD else Strategy.BINPACK

@@ -1,11 +1,13 @@
 """Finding the best node and devices for one pod against the current working state.
 
-Two paths give the same answer for the built-in binpack scorer (a property test holds them to it):
+Two paths give the same answer for the built-in scorers (a property test holds them to it):
 
-- the *indexed* path (``indexed``), used for the default strategy (binpack at node and device level) and for whole
-  GPUs under either strategy: it walks the capacity indexes in the order the scorer would rank them and stops at
-  the first node that fits, so its cost does not grow with the number of nodes.
-- the *scored* path, for everything else (spread for shares, custom scorers, CPU-only pods, shares on several
+- the *indexed* path (``indexed``), used for the built-in strategies with binpack on the device level (the
+  scheduler's ``binpack`` and ``spread``: the node level either way) and for whole GPUs under either strategy: it
+  walks the capacity indexes in the order the scorer would rank them and stops at the first node that fits, so its
+  cost does not grow with the number of nodes.
+- the *scored* path, for everything else (spread on the device level, custom scorers, CPU-only pods under
+  spread, shares on several
   devices, gpu-memory shares, shares that name GPU models): every distinct *look* of the eligible classes
   (``capacity.Look``: nodes that the filters, the device choice and the scorer cannot tell apart) is scored once,
   and its answer kept on the look for the next pod of the same shape, so the cost follows the number of distinct
@@ -22,13 +24,15 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from scheduler.placement import capacity, filters, indexed, model, nodework, scoring, shapes
 
 _MEMO_LIMIT = 500_000
 # Pod shapes are numbered for the looks' caches; past this many the numbering (and every cache) starts afresh.
 _SHAPE_LIMIT = 20_000
+# A shape that fitted nowhere is searched in full again once more nodes than this may have gained room since.
+_RECHECKED_NODES = 256
 # What a look's cache holds for a shape that fits none of its device choices (told apart by identity).
 _NOWHERE: capacity.LookBest = (0, (-1,), ())
 
@@ -40,6 +44,8 @@ class Searcher:
         self.capacity = cap
         self._verdicts: dict[tuple[int, filters.Constraints], str | None] = {}
         self._eligible: dict[filters.Constraints, tuple[int, tuple[int, ...]]] = {}
+        self._nowhere: dict[shapes.Shape, tuple[int, int]] = {}
+        """Shapes that fitted nowhere, with where the verdict stands in ``Capacity.grown``."""
         self._ever: dict[shapes.Shape, bool] = {}
         self._offered: dict[filters.Constraints, int] = {}
         self._shape_ids: dict[shapes.Shape, int] = {}
@@ -55,18 +61,28 @@ class Searcher:
         self.indexed_whole = True
         self.indexed_cpu = True
         self.indexed_share = True
-        self.spread_whole = False
+        self.spread_nodes = False
         self.demanded: tuple[int, ...] = ()
         self._config_key: tuple[object, ...] = ()
         self._class_epoch = -1
 
-    def configure(self, config: model.Config, demanded: tuple[int, ...]) -> None:
-        """Set the scorers for this cycle (the demanded share sizes come from the pending pods)."""
-        builtin = config.scorer is None
+    def configure(
+        self,
+        config: model.Config,
+        demanded: tuple[int, ...],
+        learned: scoring.GpuPlacementScorer | None = None,
+    ) -> None:
+        """Set the scorers for this cycle (the demanded share sizes come from the pending pods; ``learned`` is the
+        fragmentation strategy's scorer, None while it has no history and places as binpack)."""
+        if config.gpu_strategy is not scoring.Strategy.FRAGMENTATION or config.scorer is not None:
+            learned = None
+        configured = config.scorer or learned
+        builtin = configured is None
         self.demanded = demanded
         # The demanded sizes only shape the built-in scorer; a configured one keeps its caches from cycle to cycle.
         key = (
             config.scorer,
+            learned,
             config.gpu_strategy,
             config.cpu_strategy,
             config.device_strategy,
@@ -77,22 +93,21 @@ class Searcher:
         self._config_key = key
         self._epoch += 1
         self.draw_tie = config.scorer if isinstance(config.scorer, scoring.DrawsTies) else None
-        self.scorer = config.scorer or scoring.builtin(
+        self.scorer = configured or scoring.builtin(
             node=config.gpu_strategy, device=config.device_strategy, demanded=demanded
         )
         # A configured scorer places every pod, CPU-only ones included: a policy judges the whole node it fills
         # (the simulator's baselines and ours are defined that way), and a CPU-only pod can strand a node's GPUs.
-        self.cpu_scorer = config.scorer or scoring.builtin(
+        # The learned one places CPU-only pods under the default CPU strategy, binpack; spread keeps KAI's spread.
+        cpu_scored = config.scorer or (learned if config.cpu_strategy is not scoring.Strategy.SPREAD else None)
+        self.cpu_scorer = cpu_scored or scoring.builtin(
             node=config.cpu_strategy, device=config.device_strategy, demanded=demanded
         )
         self.indexed_whole = builtin
-        self.indexed_cpu = builtin and config.cpu_strategy is scoring.Strategy.BINPACK
-        self.spread_whole = config.gpu_strategy is scoring.Strategy.SPREAD
-        self.indexed_share = (
-            builtin
-            and config.gpu_strategy is scoring.Strategy.BINPACK
-            and config.device_strategy is scoring.Strategy.BINPACK
-        )
+        self.indexed_cpu = cpu_scored is None and config.cpu_strategy is not scoring.Strategy.SPREAD
+        self.spread_nodes = config.gpu_strategy is scoring.Strategy.SPREAD
+        # Spread on the node level walks the same indexes in the other order; spread on the device level is scored.
+        self.indexed_share = builtin and config.device_strategy is not scoring.Strategy.SPREAD
 
     # --- static filters -------------------------------------------------------------------------------------
 
@@ -158,17 +173,49 @@ class Searcher:
     # --- the search -----------------------------------------------------------------------------------------
 
     def find(self, shape: shapes.Shape) -> shapes.Choice | None:
-        """The best placement for a pod of ``shape`` now, or None when no node can take it."""
+        """The best placement for a pod of ``shape`` now, or None when no node can take it.
+
+        A shape that fitted nowhere is searched again only if one of the nodes that may have gained room since
+        (``Capacity.grown``) can take it now: in a full cluster with a backlog, most searches are such repeats, and
+        an eviction frees room on one node, not on all of them."""
+        nowhere = self._nowhere
+        cap = self.capacity
+        known = nowhere.get(shape)
+        if known is not None and known[0] == cap.generation:
+            since = set(cap.grown[known[1] :])
+            if len(since) <= _RECHECKED_NODES and not self._fits_any(shape, since):
+                nowhere[shape] = cap.nowhere()
+                return None
+        found = self._find(shape)
+        if found is None:
+            if len(nowhere) >= _SHAPE_LIMIT:
+                nowhere.clear()
+            nowhere[shape] = cap.nowhere()
+        return found
+
+    def _fits_any(self, shape: shapes.Shape, orders: Iterable[int]) -> bool:
+        """Could one of these nodes (by order) take a pod of ``shape`` now?"""
+        eligible = self.eligible(shape.constraints)
+        by_order = self.capacity.by_order
+        for order in orders:
+            work = by_order[order]
+            if work.cls in eligible and _fits_on(work, shape):
+                return True
+        return False
+
+    def _find(self, shape: shapes.Shape) -> shapes.Choice | None:
         eligible = self.eligible(shape.constraints)
         if not eligible:
             return None
         share = shape.share
         models = shape.constraints.gpu_models
         if share is None and shape.whole_gpus and self.indexed_whole:
-            return indexed.find_whole(self.capacity, shape, eligible, spread=self.spread_whole)
+            return indexed.find_whole(self.capacity, shape, eligible, spread=self.spread_nodes)
         # A share that names GPU models takes the scored path: its node order reads the node state as the scorer does.
         if share is not None and share.milli_gpu and share.devices == 1 and self.indexed_share and not models:
-            return indexed.find_share(self.capacity, shape, share.milli_gpu, eligible, demanded=self.demanded)
+            return indexed.find_share(
+                self.capacity, shape, share.milli_gpu, eligible, demanded=self.demanded, spread=self.spread_nodes
+            )
         if share is None and not shape.whole_gpus and self.indexed_cpu:
             return indexed.find_cpu(self.capacity, shape, eligible)
         return self._find_scored(shape, eligible)
@@ -274,6 +321,15 @@ def _best_on(
             share_milli = tuple(per_device[device] for device in chosen) if shape.share else ()
             best = (score, chosen, share_milli)
     return best
+
+
+def _fits_on(work: nodework.NodeWork, shape: shapes.Shape) -> bool:
+    """Does some device choice for ``shape`` on ``work`` fit now (CPU, memory, pod slots)?"""
+    for chosen, _ in _device_choices(work, shape):
+        slots = shape.pods + (_opened_groups(work, chosen) if shape.share is not None else 0)
+        if work.fits_basics(shape.milli_cpu, shape.memory_bytes, slots):
+            return True
+    return False
 
 
 def _could_hold_when_empty(work: nodework.NodeWork, shape: shapes.Shape) -> bool:

@@ -25,13 +25,14 @@ seed-to-seed spread.
 from __future__ import annotations
 
 import dataclasses
+import fractions
 import random
 from collections.abc import Iterable, Mapping, Sequence
 
 from common import names
 from common.quantities import GIB, MIB
 from common.resources import Resources
-from scheduler.placement import applying, engine, model, scoring
+from scheduler.placement import applying, decisions, engine, model, scoring
 from scheduler.placement.fragmentation import MILLI_GPU_PER_DEVICE, NodeFree, PodShape
 from scheduler.sim import replay
 from scheduler.sim.openb import TraceNode, TracePod
@@ -162,13 +163,48 @@ class DrawingEngineScorer(EngineScorer):
         return self._ties.randrange(count)
 
 
-class EngineCluster:
-    """The trace's cluster held as an engine snapshot; ``submit`` runs one cycle for a batch of arrived pods."""
+PRODUCTION = model.Config(gpu_strategy=model.Strategy.FRAGMENTATION, actions=(model.Action.ALLOCATE,))
+"""``--policy production``: the scheduler's default placement (``quotient scheduler``'s ``--gpu-strategy
+fragmentation``, every other placement setting at its default) under the experiment's rules: allocate only, so
+nothing is moved or evicted. A test holds it to the scheduler's settings."""
 
-    def __init__(self, nodes: Sequence[TraceNode], scorer: replay.Scorer, *, seed: int) -> None:
+
+def _held_milli(placements: Iterable[decisions.Placement]) -> int:
+    return sum(
+        sum(placement.share_milli) if placement.share_milli else MILLI_GPU_PER_DEVICE * len(placement.devices)
+        for placement in placements
+    )
+
+
+class EngineCluster:
+    """The trace's cluster held as an engine snapshot; ``submit`` runs one cycle for a batch of arrived pods.
+
+    With a ``scorer`` (a policy of ``policies``) every policy is plugged into the engine as its scorer. Without one
+    it is ``PRODUCTION``: the scheduler's own configuration, which learns the workload from the pods it sees, so
+    pods are offered one cycle each (the distribution is learned from the pods already seen, the one being placed
+    included, and from no later one). ``consolidate_budget`` (production only) adds consolidation beyond the
+    experiment's rules: a pod that finds no room may have running pods moved for it, as long as the moves so far
+    stay within ``consolidate_budget`` moves per placed pod; moved pods land where the plan proved they fit.
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[TraceNode],
+        scorer: replay.Scorer | None,
+        *,
+        seed: int,
+        consolidate_budget: fractions.Fraction | None = None,
+    ) -> None:
         memory = device_memory_by_model(nodes)
-        adapted = DrawingEngineScorer(scorer, seed=seed) if scorer.breaks_ties_at_random else EngineScorer(scorer)
-        config = model.Config(scorer=adapted, actions=(model.Action.ALLOCATE,))
+        if scorer is None:
+            config = PRODUCTION
+        else:
+            if consolidate_budget is not None:
+                raise ValueError("a consolidation budget applies to the production policy only")
+            adapted = DrawingEngineScorer(scorer, seed=seed) if scorer.breaks_ties_at_random else EngineScorer(scorer)
+            config = model.Config(scorer=adapted, actions=(model.Action.ALLOCATE,))
+        self._one_by_one = scorer is None
+        self._budget = consolidate_budget
         self._engine = engine.Engine()
         self.snapshot = model.snapshot(
             nodes=[engine_node(node, rank=rank, memory=memory) for rank, node in enumerate(nodes)],
@@ -179,24 +215,56 @@ class EngineCluster:
         )
         self.total_milli_gpu = sum(node.gpu_count for node in nodes) * MILLI_GPU_PER_DEVICE
         self.allocated_milli_gpu = 0
+        self.placed = 0
+        self.moves = 0
+        """Pods moved by consolidation (``consolidate_budget``)."""
         self._next_index = 0
         self._free: dict[model.NodeName, tuple[model.Node, NodeFree]] = {}
 
     def submit(self, pods: Sequence[TracePod]) -> list[bool]:
-        """Offer ``pods`` (in arrival order) to one engine cycle; which of them were placed."""
+        """Offer ``pods`` (in arrival order) to one engine cycle (production: one cycle each); which were placed."""
+        if self._one_by_one:
+            return [self._cycle([pod])[0] for pod in pods]
+        return self._cycle(pods)
+
+    def _cycle(self, pods: Sequence[TracePod]) -> list[bool]:
         groups = [engine_group(pod, index=self._next_index + offset) for offset, pod in enumerate(pods)]
         self._next_index += len(pods)
-        offered = dataclasses.replace(self.snapshot, groups={group.id: group for group in groups})
+        # Placed groups are dropped (their pods live on in the nodes' usage) unless consolidation may move them.
+        kept = dict(self.snapshot.groups)
+        kept.update((group.id, group) for group in groups)
+        offered = dataclasses.replace(self.snapshot, groups=kept, config=self._config())
         plan = self._engine.run(offered)
+        if plan.moves:
+            # The plan proved that the moved pods and the pod they made room for fit together: carry all of it out.
+            plan = dataclasses.replace(plan, placements=(*plan.placements, *plan.moves, *plan.nominations))
+            self.moves += len(plan.moves)
         placed = {placement.group for placement in plan.placements}
-        # Placed pods live on in their nodes' usage; the groups themselves (and the failed ones) are dropped, so a
-        # failed pod is never offered again.
-        self.snapshot = dataclasses.replace(applying.apply(offered, plan), groups={})
-        self.allocated_milli_gpu += sum(
-            sum(placement.share_milli) if placement.share_milli else MILLI_GPU_PER_DEVICE * len(placement.devices)
-            for placement in plan.placements
-        )
+        applied = applying.apply(offered, plan)
+        new = {group.id for group in groups}
+        if self._budget is None:
+            kept = {}
+        else:  # running groups stay (victims for consolidation); a pod that found no room is dropped
+            kept = {key: group for key, group in applied.groups.items() if key not in new or key in placed}
+        self.snapshot = dataclasses.replace(applied, groups=kept)
+        # A moved pod leaves its place and takes as much elsewhere: only the pods placed anew add to the allocation.
+        moved = {placement.pod for placement in plan.moves}
+        self.allocated_milli_gpu += _held_milli(p for p in plan.placements if p.pod not in moved)
+        self.placed += sum(1 for group in groups if group.id in placed)
         return [group.id in placed for group in groups]
+
+    def _config(self) -> model.Config:
+        config = self.snapshot.config
+        if self._budget is None:
+            return config
+        allowed = int(self._budget * max(1, self.placed)) - self.moves
+        if allowed < 1:
+            return dataclasses.replace(config, actions=(model.Action.ALLOCATE,))
+        return dataclasses.replace(
+            config,
+            actions=(model.Action.ALLOCATE, model.Action.CONSOLIDATE),
+            consolidation_max_moves=min(allowed, model.DEFAULT_CONFIG.consolidation_max_moves),
+        )
 
     def states(self) -> Iterable[tuple[NodeFree, int]]:
         """Every node's free state (for the fragmentation measure), one node at a time."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import fractions
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
@@ -54,6 +55,8 @@ class SeedResult:
     failed_by_kind: Mapping[str, int]
     attempted: int
     placed: int
+    moves: int = 0
+    """Running pods moved by consolidation (a ``consolidate_budget`` run only; 0 under the experiment's rules)."""
 
     def allocated_at(self, arrived_percent: int) -> float:
         """Allocation at that arrived percent, or at the end of the run for a percent beyond its target."""
@@ -140,28 +143,39 @@ def run_seed(
     *,
     nodes: Sequence[TraceNode],
     pods: Sequence[TracePod],
-    policy: Callable[[policies.PolicyContext], replay.Scorer],
+    policy: Callable[[policies.PolicyContext], replay.Scorer] | None,
     seed: int,
     target_percent: int = DEFAULT_INFLATE_PERCENT,
     backend: Backend = Backend.ENGINE,
     report_meter: fragmentation.FragmentationMeter | None = None,
     progress: Callable[[int, int], None] | None = None,
+    consolidate_budget: fractions.Fraction | None = None,
 ) -> SeedResult:
-    """Run the experiment for one seed and one policy (``policies.POLICIES[name]``).
+    """Run the experiment for one seed and one policy (``policies.POLICIES[name]``; None: ``production``, the
+    scheduler's own configuration, which knows nothing of the trace beforehand and runs on the engine only).
 
     ``report_meter`` measures the fragmentation of each curve point (FGD's measure over the trace's typical pods by
     default; pass one to share its memo between runs). ``progress(done, total)`` is called as pods are placed.
+    ``consolidate_budget`` (production only) lets consolidation move running pods, at most that many moves per placed
+    pod: beyond the experiment's rules, reported apart (``SeedResult.moves``).
     """
     capacity = capacity_milli_gpu(nodes)
     if capacity == 0:
         raise ValueError("the cluster has no GPU: the experiment measures GPU allocation")
     order = arrival_order(pods, seed=seed, capacity_milli=capacity, target_percent=target_percent)
     meter = report_meter or fragmentation.FragmentationMeter(typical_profile(pods))
-    scorer = policy(policies.PolicyContext(shapes=tuple(replay.shape_of(pod) for pod in pods)))
+    scorer = (
+        None if policy is None else policy(policies.PolicyContext(shapes=tuple(replay.shape_of(pod) for pod in pods)))
+    )
     ordered_nodes = node_order(nodes, seed=seed)
     cluster: _Cluster
+    engine_cluster: enginereplay.EngineCluster | None = None
     if backend is Backend.ENGINE:
-        cluster = enginereplay.EngineCluster(ordered_nodes, scorer, seed=seed)
+        cluster = engine_cluster = enginereplay.EngineCluster(
+            ordered_nodes, scorer, seed=seed, consolidate_budget=consolidate_budget
+        )
+    elif scorer is None:
+        raise ValueError("the production policy is the scheduler's own engine: run it with the engine backend")
     else:
         cluster = _FastCluster(ordered_nodes, scorer, seed=seed)
 
@@ -211,4 +225,11 @@ def run_seed(
     while next_percent <= target_percent:  # reached by the last pod, or just short of the target: the final state
         record(next_percent)
         next_percent += 1
-    return SeedResult(seed=seed, curve=tuple(curve), failed_by_kind=failed, attempted=len(order), placed=placed)
+    return SeedResult(
+        seed=seed,
+        curve=tuple(curve),
+        failed_by_kind=failed,
+        attempted=len(order),
+        placed=placed,
+        moves=engine_cluster.moves if engine_cluster is not None else 0,
+    )

@@ -20,6 +20,10 @@ Inside the chosen node every policy but Random and FGD takes the device with the
   weighted 1/2).
 - fgd: ``fragmentation.FgdScorer`` over the typical pods of the trace before inflation, as published.
 - quotient: ours, ``fragmentation.QuotientScorer``.
+
+``production`` (``PRODUCTION``) is not one of these scorers: it is the scheduler's own default configuration
+(``--gpu-strategy fragmentation``: ``QuotientScorer`` over a workload learned online from the pods already seen,
+``placement.learning``), run by ``enginereplay`` one pod per cycle.
 """
 
 from __future__ import annotations
@@ -172,3 +176,10 @@ POLICIES: Mapping[str, Callable[[PolicyContext], replay.Scorer]] = {
     "quotient": lambda context: QuotientPolicyScorer(context.shapes),
 }
 """Every policy by its command-line name."""
+
+PRODUCTION = "production"
+"""Not a scorer: the scheduler's own default configuration, which learns the workload from the pods it has seen
+(``enginereplay.PRODUCTION``); it runs on the engine backend only."""
+
+NAMES: tuple[str, ...] = (*POLICIES, PRODUCTION)
+"""Every name ``quotient simulate openb --policy`` takes."""

@@ -252,15 +252,19 @@ def test_the_same_snapshot_always_gives_the_same_plan(case: tuple[model.Snapshot
 
 
 @_SETTINGS
-@given(_snapshots())
+@given(_snapshots(), st.sampled_from([model.Strategy.BINPACK, model.Strategy.SPREAD]))
 def test_the_indexed_search_places_as_the_scored_search_with_the_same_scorer(
-    case: tuple[model.Snapshot, list[model.Group]],
+    case: tuple[model.Snapshot, list[model.Group]], nodes: model.Strategy
 ) -> None:
     snapshot, _ = case
     snapshot = dataclasses.replace(
         snapshot,
         config=dataclasses.replace(
-            snapshot.config, gpu_strategy=model.Strategy.BINPACK, device_strategy=model.Strategy.BINPACK
+            # A configured scorer places CPU-only pods too: the same node strategy for them.
+            snapshot.config,
+            gpu_strategy=nodes,
+            cpu_strategy=nodes,
+            device_strategy=model.Strategy.BINPACK,
         ),
     )
     demanded = sorted(
@@ -275,7 +279,7 @@ def test_the_indexed_search_places_as_the_scored_search_with_the_same_scorer(
         snapshot,
         config=dataclasses.replace(
             snapshot.config,
-            scorer=scoring.builtin(node=model.Strategy.BINPACK, device=model.Strategy.BINPACK, demanded=demanded),
+            scorer=scoring.builtin(node=nodes, device=model.Strategy.BINPACK, demanded=demanded),
         ),
     )
     got, want = engine.Engine().run(scored), engine.Engine().run(snapshot)
