@@ -29,6 +29,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "kai-scale: not in all)",
     ),
     "demo": ("quotient.demo", "the local demo: embedded NATS, emulated GPU nodes, a live view"),
+    "explain": (
+        "quotient.explain.plugin",
+        "why a pod waits (in numbers), where it runs and what it uses, or who took its place (kubectl quotient)",
+    ),
     "docs": ("quotient.docsgen.app", "check or rewrite (--write) the reference pages generated from the code"),
 }
 

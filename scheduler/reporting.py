@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from common import logs
-from scheduler.kube import statuswriter
+from scheduler.kube import statusfields, statuswriter
 from scheduler.kube.errors import KubeError
 from scheduler.metrics import SchedulerMetrics
 from scheduler.objects.records import PodRecord
@@ -83,7 +83,18 @@ class StatusReporter:
                 if pod.phase is model.PodPhase.PENDING and str(pod.uid) in state.pods
             ]
         issues = {issue.queue: issue for issue in built.queue_issues}
-        await self._writer.groups(statuses, built.podgroups, pending_pods, issues, group_queues)
+        made_for = statusfields.evictions_for(outcome.evictions)
+        fields = {
+            group_id: statusfields.group_fields(
+                current,
+                group=built.snapshot.groups.get(group_id),
+                evictions=made_for.get(group_id, ()),
+                pods=state.pods,
+                now_ns=built.snapshot.now_ns,
+            )
+            for group_id, current in statuses.items()
+        }
+        await self._writer.groups(statuses, built.podgroups, pending_pods, issues, group_queues, fields)
         await self._writer.pod_issues(built.pod_issues, state.pods)
         now = time.monotonic()
         if now - self._queues_written_at < QUEUE_STATUS_PERIOD_S:
@@ -91,7 +102,7 @@ class StatusReporter:
             await asyncio.sleep(QUEUE_STATUS_PERIOD_S - (now - self._queues_written_at))
             return
         self._queues_written_at = now
-        queue_status = statuswriter.queue_statuses(built.snapshot, built.queue_issues, sorted(state.queues))
+        queue_status = statuswriter.queue_statuses(built.snapshot, built.queue_issues, sorted(state.queues), outcome)
         await self._writer.queues(queue_status)
         for name, share in outcome.queues.items():
             current = queue_status.get(str(name))

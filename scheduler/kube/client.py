@@ -98,15 +98,20 @@ class KubeClient:
 
     @classmethod
     async def from_kubeconfig(
-        cls, path: str | Path, *, context: str | None = None, request_timeout_s: float = 30.0
+        cls, path: str | Path | None, *, context: str | None = None, request_timeout_s: float = 30.0
     ) -> KubeClient:
+        """``path`` None: ``$KUBECONFIG`` (its files merged, as kubectl does), else ``~/.kube/config``."""
         configuration = k8s.Configuration()
         try:
             await k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=str(path), context=context, client_configuration=configuration, persist_config=False
+                config_file=str(path) if path is not None else None,
+                context=context,
+                client_configuration=configuration,
+                persist_config=False,
             )
         except (k8s_config_exception.ConfigException, OSError, ValueError) as exc:
-            raise ConfigError(f"--kubeconfig: cannot use {path}: {exc}") from exc
+            where = path if path is not None else "the default kubeconfig ($KUBECONFIG or ~/.kube/config)"
+            raise ConfigError(f"--kubeconfig: cannot use {where}: {exc}") from exc
         return cls(k8s.ApiClient(configuration=configuration), request_timeout_s=request_timeout_s)
 
     @classmethod
@@ -151,9 +156,10 @@ class KubeClient:
         body: object = None,
         content_type: str = "application/json",
         client_timeout: aiohttp.ClientTimeout | None = None,
+        accept: str = "application/json",
     ) -> aiohttp.ClientResponse:
         """Send one request through the client's ``ApiClient`` (auth, TLS, pool); the raw answer, not yet read."""
-        headers = {"Accept": "application/json", "Content-Type": content_type}
+        headers = {"Accept": accept, "Content-Type": content_type}
         try:
             serialized = await self._api.param_serialize(
                 method=method,
@@ -203,6 +209,20 @@ class KubeClient:
         if not isinstance(decoded, dict):
             raise KubeError(f"{method} {path}: the answer is not a JSON object", status=response.status)
         return decoded
+
+    async def get_text(self, path: str, *, accept: str = "text/plain") -> str:
+        """A GET whose answer is not a Kubernetes object: a pod's endpoint through ``pods/proxy`` (the scheduler
+        leader's ``/metrics`` for ``quotient explain``). Errors map as for every call."""
+        response = await self._send("GET", path, accept=accept)
+        try:
+            data = await response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise KubeUnavailable(f"GET {path}: reading the answer: {type(exc).__name__}: {exc}") from exc
+        finally:
+            response.release()
+        if not 200 <= response.status < 300:
+            raise errors.from_response(response.status, data, what=f"GET {path}")
+        return data.decode("utf-8", "replace")
 
     @staticmethod
     def _selectors(label_selector: str | None, field_selector: str | None) -> list[tuple[str, str]]:

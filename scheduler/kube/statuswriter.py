@@ -4,8 +4,10 @@ After each cycle every pending group has a ``Status`` (reason code and message) 
 This writer turns them into what KAI users look at: ``status.schedulingConditions`` on the PodGroup (KAI's reason
 codes, our message with live numbers), an ``Unschedulable`` event on the group's pending pods, and the Queue's
 ``status`` (allocated, allocatedNonPreemptible, requested, childQueues, and the ``Orphan``/``OverQuota``
-conditions). Writes happen only when something changed, so an idle cluster costs the API nothing; a pod that cannot
-be read (invalid GPU annotations) gets its reason here too.
+conditions). Beside KAI's fields, each gets ``status.quotient`` (``statusfields``): the structured reason, best
+nodes and what would unblock a group; a queue's deserved and fair share and its pending groups. Writes happen only
+when something changed, so an idle cluster costs the API nothing; a pod that cannot be read (invalid GPU
+annotations) gets its reason here too.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ import dataclasses
 import datetime
 import hashlib
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from common import logs, names, quantities
 from common.resources import ZERO, Resources
-from scheduler.kube import events, kubeapi
+from scheduler.kube import events, kubeapi, statusfields
 from scheduler.kube.errors import KubeError, KubeNotFound
 from scheduler.objects.records import PodRecord
-from scheduler.placement import model, plan, status
+from scheduler.placement import fairshare, model, plan, status
 from scheduler.state.models import QueueIssue
 from scheduler.state.snapshot import PodIssue
 
@@ -64,6 +67,12 @@ class QueueStatus:
     children: tuple[str, ...]
     conditions: tuple[tuple[str, str, str], ...]
     """(type, reason, message) of each condition that holds."""
+    share: fairshare.Share | None = None
+    """Deserved and fair share (None: the plan gave the queue none, an orphan)."""
+    pending_groups: int = 0
+    """Groups of the subtree left pending by the cycle."""
+    oldest_pending_ns: int | None = None
+    """When the subtree's oldest pending group was created."""
 
 
 def _requested(pod: model.Pod) -> Resources:
@@ -92,8 +101,10 @@ def queue_statuses(
     snapshot: model.Snapshot,
     issues: Sequence[QueueIssue],
     all_queues: Sequence[str],
+    outcome: plan.Plan | None = None,
 ) -> dict[str, QueueStatus]:
-    """Subtree sums per queue (a running pod counts for its queue and every ancestor), children, conditions."""
+    """Subtree sums per queue (a running pod counts for its queue and every ancestor), children, conditions; with
+    the cycle's ``outcome``, each queue's share and its subtree's pending groups."""
     allocated: dict[str, Resources] = dict.fromkeys(all_queues, ZERO)
     nonpreemptible: dict[str, Resources] = dict.fromkeys(all_queues, ZERO)
     requested: dict[str, Resources] = dict.fromkeys(all_queues, ZERO)
@@ -133,6 +144,16 @@ def queue_statuses(
         if over:
             message = f"allocated above quota for {', '.join(over)}"
             conditions[name].append((names.OVER_QUOTA_CONDITION, names.OVER_QUOTA_CONDITION, message))
+    pending: dict[str, int] = dict.fromkeys(all_queues, 0)
+    oldest: dict[str, int] = {}
+    for group_id in outcome.statuses if outcome is not None else ():
+        waiting = snapshot.groups.get(group_id)
+        if waiting is None:
+            continue
+        for name in chain(waiting.queue):
+            pending[name] += 1
+            oldest[name] = min(oldest.get(name, waiting.created_ns), waiting.created_ns)
+    shares = outcome.queues if outcome is not None else {}
     return {
         name: QueueStatus(
             allocated=allocated[name],
@@ -140,6 +161,9 @@ def queue_statuses(
             requested=requested[name],
             children=tuple(sorted(children[name])),
             conditions=tuple(conditions[name]),
+            share=shares.get(model.QueueName(name)),
+            pending_groups=pending[name],
+            oldest_pending_ns=oldest.get(name),
         )
         for name in all_queues
     }
@@ -151,7 +175,8 @@ class StatusWriter:
     def __init__(self, api: kubeapi.KubeApi, *, recorder: events.EventSink) -> None:
         self._api = api
         self._recorder = recorder
-        self._group_written: dict[tuple[str, str], tuple[str, str] | None] = {}
+        self._group_written: dict[tuple[str, str], tuple[tuple[str, str], Mapping[str, Any]] | None] = {}
+        self._condition_since: dict[tuple[str, str], str] = {}
         self._queue_written: dict[str, QueueStatus] = {}
         self._pod_issue_written: dict[str, str] = {}
 
@@ -162,38 +187,50 @@ class StatusWriter:
         pending_pods: Mapping[model.GroupId, Sequence[PodRecord]],
         queue_issues: Mapping[str, QueueIssue],
         group_queues: Mapping[model.GroupId, str],
+        fields: Mapping[model.GroupId, Mapping[str, Any]] | None = None,
     ) -> None:
+        """``fields``: each pending group's ``status.quotient`` (``statusfields.group_fields``)."""
         for group_id, key in podgroups.items():
             current = statuses.get(group_id)
             reason_message: tuple[str, str] | None = None
+            written: tuple[tuple[str, str], Mapping[str, Any]] | None = None
             if current is not None:
                 message = current.message
                 issue = queue_issues.get(group_queues.get(group_id, ""))
                 if current.reason is status.Reason.QUEUE_DOES_NOT_EXIST and issue is not None:
                     message = f"queue {issue.queue!r} cannot take work: {issue.message}"
                 reason_message = (current.reason.value, message)
-            if key in self._group_written and self._group_written[key] == reason_message:
+                written = (reason_message, (fields or {}).get(group_id) or {})
+            if key in self._group_written and self._group_written[key] == written:
                 continue
-            if reason_message is None and key not in self._group_written:
+            if written is None and key not in self._group_written:
                 # Placed at its first look: there is no condition to write or clear.
                 self._group_written[key] = None
                 continue
+            previous = self._group_written.get(key)
+            # Only our fields changed (a best node's numbers): the condition, its time and the pods' events stay.
+            same_reason = previous is not None and written is not None and previous[0] == written[0]
             conditions = []
             if reason_message is not None:
+                since = self._condition_since.get(key) if same_reason else None
+                since = since or _now()
+                self._condition_since[key] = since
                 conditions.append(
                     {
                         "type": names.UNSCHEDULABLE_CONDITION,
                         "status": "True",
                         "reason": reason_message[0],
                         "message": reason_message[1],
-                        "lastTransitionTime": _now(),
+                        "lastTransitionTime": since,
                         "transitionID": hashlib.sha256("\n".join(reason_message).encode()).hexdigest()[:12],
                     }
                 )
+            # A merge patch: None removes our object once the group is placed.
+            ours = dict(written[1]) if written is not None and written[1] else None
             try:
                 await self._api.patch(
                     kubeapi.POD_GROUPS,
-                    {"status": {"schedulingConditions": conditions}},
+                    {"status": {"schedulingConditions": conditions, "quotient": ours}},
                     name=key[1],
                     namespace=key[0],
                     subresource="status",
@@ -203,8 +240,10 @@ class StatusWriter:
             except KubeError as exc:
                 log.warning("podgroup_status_failed", podgroup=f"{key[0]}/{key[1]}", error=str(exc))
                 continue
-            self._group_written[key] = reason_message
-            if reason_message is not None:
+            self._group_written[key] = written
+            if reason_message is None:
+                self._condition_since.pop(key, None)
+            elif not same_reason:
                 for pod in pending_pods.get(group_id, ()):
                     self._unschedulable(pod, f"{reason_message[0]}: {reason_message[1]}")
 
@@ -235,6 +274,11 @@ class StatusWriter:
                     "allocatedNonPreemptible": resource_list(queue_status.allocated_nonpreemptible),
                     "requested": resource_list(queue_status.requested),
                     "childQueues": list(queue_status.children),
+                    "quotient": statusfields.queue_fields(
+                        queue_status.share,
+                        pending_groups=queue_status.pending_groups,
+                        oldest_pending_ns=queue_status.oldest_pending_ns,
+                    ),
                     "conditions": [
                         {
                             "type": kind,

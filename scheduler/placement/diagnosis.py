@@ -2,10 +2,13 @@
 
 Called once per distinct pod shape for the groups left pending at the end of a cycle, against the working state
 as the plan leaves it. The best candidate comes from the capacity indexes (the node with the most free devices, the
-device with the most room), so explaining does not scan every node, except for CPU-only pods.
+device with the most room), so explaining does not scan every node, except for CPU-only pods. ``candidates``
+gives the best few nodes in structure (``status.Candidate``) for the PodGroup's status and ``quotient explain``.
 """
 
 from __future__ import annotations
+
+import heapq
 
 from common import quantities
 from scheduler.placement import capacity, fairshare, model, nodework, search, shapes, status
@@ -170,3 +173,131 @@ def gpu_model_hint(shape: shapes.Shape) -> str:
 
 def describe_pod(pod: model.Pod) -> str:
     return f"pod {pod.namespace}/{pod.name}"
+
+
+CANDIDATES = 3
+"""How many of the best nodes a status names in structure (the message names the best one)."""
+
+
+def candidates(
+    searcher: search.Searcher, shape: shapes.Shape, *, count: int = CANDIDATES
+) -> tuple[status.Candidate, ...]:
+    """The best few nodes for a pod of ``shape`` now, best first, each with what it lacked in numbers: the most free
+    devices for whole GPUs, the device with the most room for a share, the most free CPU and memory otherwise.
+    Nothing when no node passes the filters (``explain`` names each class's reason then)."""
+    cap = searcher.capacity
+    works = [cap.by_order[order] for cls in searcher.eligible(shape.constraints) for order in cap.classes[cls].members]
+    if not works:
+        return ()
+    if shape.share is not None:
+        return _share_candidates_detail(cap, shape, searcher.eligible(shape.constraints), count)
+    if shape.whole_gpus:
+        need = shape.whole_gpus
+        best = heapq.nlargest(
+            count,
+            works,
+            key=lambda work: (
+                min(work.whole_count, need),
+                work.fits_basics(shape.milli_cpu, shape.memory_bytes, shape.pods),
+                -work.order,
+            ),
+        )
+    else:
+        best = heapq.nlargest(count, works, key=lambda work: (work.free_cpu, work.free_mem, -work.order))
+    return tuple(_candidate(work, shape, pods=shape.pods) for work in best)
+
+
+def _candidate(work: nodework.NodeWork, shape: shapes.Shape, *, pods: int, gpu: int | None = None) -> status.Candidate:
+    lacks = list(_gpu_lacks(work, shape, gpu))
+    if work.free_cpu < shape.milli_cpu:
+        lacks.append(status.Lack(resource=status.Resource.CPU, requested=shape.milli_cpu, free=max(0, work.free_cpu)))
+    if work.free_mem < shape.memory_bytes:
+        lacks.append(
+            status.Lack(resource=status.Resource.MEMORY, requested=shape.memory_bytes, free=max(0, work.free_mem))
+        )
+    if work.free_pods < pods:
+        lacks.append(status.Lack(resource=status.Resource.PODS, requested=pods, free=max(0, work.free_pods)))
+    devices = work.node.devices
+    if gpu is not None:
+        unattributed = devices[gpu].unattributed_bytes
+    else:
+        unattributed = sum(
+            devices[index].unattributed_bytes for index in range(len(devices)) if not work.dev_whole[index]
+        )
+    return status.Candidate(
+        node=str(work.name),
+        gpu=gpu,
+        lacks=tuple(lacks),
+        measured_free_bytes=max(0, meas) if gpu is not None and (meas := work.dev_meas[gpu]) is not None else None,
+        unattributed_bytes=unattributed,
+        unhealthy_gpus=tuple(index for index, healthy in enumerate(work.dev_healthy) if not healthy),
+    )
+
+
+def _gpu_lacks(work: nodework.NodeWork, shape: shapes.Shape, gpu: int | None) -> tuple[status.Lack, ...]:
+    if shape.whole_gpus and work.whole_count < shape.whole_gpus:
+        free = work.whole_count * model.MILLI_GPU_PER_DEVICE
+        return (
+            status.Lack(
+                resource=status.Resource.GPU, requested=shape.whole_gpus * model.MILLI_GPU_PER_DEVICE, free=free
+            ),
+        )
+    if shape.share is not None and gpu is not None:
+        need = work.share_on_each(shape.share)[gpu]
+        if work.dev_free[gpu] < need:
+            return (status.Lack(resource=status.Resource.GPU, requested=need, free=max(0, work.dev_free[gpu])),)
+    return ()
+
+
+def _share_candidates_detail(
+    cap: capacity.Capacity, shape: shapes.Shape, eligible: tuple[int, ...], count: int
+) -> tuple[status.Candidate, ...]:
+    """Per node the device with the most room for the share (``_explain_share``'s measure), the best ``count``."""
+    share = shape.share
+    assert share is not None
+    best: dict[int, tuple[int, int]] = {}  # order -> (room minus need, -device)
+    for cls in eligible:
+        for order in _share_candidates(cap, cls, share):
+            work = cap.by_order[order]
+            per_device = work.share_on_each(share)
+            for device, free in enumerate(work.dev_free):
+                if work.dev_group[device] is None and not work.dev_whole[device]:
+                    continue
+                key = (free - per_device[device], -device)
+                if order not in best or key > best[order]:
+                    best[order] = key
+    top = heapq.nlargest(count, best.items(), key=lambda item: (item[1][0], -item[0], item[1][1]))
+    out = []
+    for order, (_, neg_device) in top:
+        work = cap.by_order[order]
+        pods = shape.pods + (0 if work.dev_group[-neg_device] else 1)
+        out.append(_candidate(work, shape, pods=pods, gpu=-neg_device))
+    return tuple(out)
+
+
+def largest_node_detail(searcher: search.Searcher, shape: shapes.Shape) -> status.Detail:
+    """A pod bigger than any node it may use: the most of what it asks that one node offers (``9 GPUs asked, at
+    most 8 on any node``)."""
+    cap = searcher.capacity
+    works = [cap.by_order[order] for cls in searcher.eligible(shape.constraints) for order in cap.classes[cls].members]
+    pairs = (
+        (
+            status.Resource.GPU,
+            shape.whole_gpus * model.MILLI_GPU_PER_DEVICE,
+            max((len(w.dev_mem) for w in works), default=0) * model.MILLI_GPU_PER_DEVICE,
+        ),
+        (status.Resource.CPU, shape.milli_cpu, max((w.alloc_cpu for w in works), default=0)),
+        (status.Resource.MEMORY, shape.memory_bytes, max((w.alloc_mem for w in works), default=0)),
+        (
+            status.Resource.GPU_MEMORY,
+            shape.share.memory_bytes if shape.share is not None else 0,
+            max((memory for w in works for memory in w.dev_mem), default=0),
+        ),
+    )
+    for resource, asked, most in pairs:
+        if asked > most:
+            message = "more than any node it may use offers when empty: ask for less, or add a larger node"
+            return status.never_detail(
+                resource, requested=asked, most=most, message=message, remedy=status.Remedy.LARGER_NODE
+            )
+    return status.NO_DETAIL

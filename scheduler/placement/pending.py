@@ -21,6 +21,14 @@ class Explainer:
         self._searcher = searcher
         self._explained: dict[shapes.Shape, tuple[status.Reason, str]] = {}
         self._summaries: dict[shapes.Shape, tuple[str, bool]] = {}
+        self._candidates: dict[shapes.Shape, tuple[status.Candidate, ...]] = {}
+
+    def candidates(self, shape: shapes.Shape) -> tuple[status.Candidate, ...]:
+        """The best few nodes for a pod of this shape, with what each lacked (``diagnosis.candidates``)."""
+        found = self._candidates.get(shape)
+        if found is None:
+            found = self._candidates[shape] = diagnosis.candidates(self._searcher, shape)
+        return found
 
     def explain(self, shape: shapes.Shape) -> tuple[status.Reason, str]:
         found = self._explained.get(shape)
@@ -69,12 +77,28 @@ def failure_status(
     ]
     if over:
         kind = over[0]
+        spare = status.Hint(
+            remedy=status.Remedy.SPARE_ROOM,
+            message=f"queue {group.queue} is at or over its fair share of {kind.value}: it is placed when room is free "
+            "that no queue below its fair share wants, or when its fair share grows (a higher quota or weight)",
+            queue=str(group.queue),
+            resource=status.resource_of(kind),
+            current=fairshare.amount(held, kind),
+            needed=fairshare.amount(fair, kind),
+        )
         return status.unschedulable(
             status.Reason.OVER_QUOTA,
             f"queue {group.queue} holds {status.amount_text(kind, fairshare.amount(held, kind))} of "
             f"{kind.value}, at or over its fair share of "
             f"{status.amount_text(kind, fairshare.amount(fair, kind))}: it runs on spare room only, and there "
             f"is none for {pod_text}: {text}",
+            _detail(
+                explainer.candidates(shape),
+                refusal,
+                resource=status.resource_of(kind),
+                requested=fairshare.amount(amounts, kind),
+                first=spare,
+            ),
         )
     why = f"; not reclaimed: {refusal}" if refusal else ""
     if len(minimum) > 1:
@@ -82,12 +106,14 @@ def failure_status(
         detail = summary if alone else f"{summary}; {pod_text}: {text}"
         gpu = amounts.milli_gpu
         needs = f", {status.amount_text(fairshare.Kind.GPU, gpu)} in all" if gpu > 0 else ""
+        found = explainer.candidates(shape)
         return status.unschedulable(
             status.Reason.GANG_DOES_NOT_FIT,
             f"gang of {len(minimum)} pods must start together ({gangs.requirement(group)}{needs}), "
             f"and they do not all fit at once: {detail}{why}",
+            _detail(found, refusal, resource=status.Resource.GPU if gpu > 0 else None, requested=gpu or None),
         )
-    return status.unschedulable(reason, f"{pod_text}: {text}{why}")
+    return status.unschedulable(reason, f"{pod_text}: {text}{why}", _detail(explainer.candidates(shape), refusal))
 
 
 def elastic_status(
@@ -99,11 +125,40 @@ def elastic_status(
     reason, text = explainer.explain(pod_shapes[position])
     why = f"; not reclaimed: {refusal}" if refusal else ""
     pod = step[position]
+    detail = _detail(explainer.candidates(pod_shapes[position]), refusal)
     if len(step) == 1:
-        return status.unschedulable(reason, f"elastic pod {pod.name} beyond the minimum waits: {text}{why}")
+        return status.unschedulable(reason, f"elastic pod {pod.name} beyond the minimum waits: {text}{why}", detail)
     leaves = sorted({str(member.subgroup) for member in step})
     return status.unschedulable(
         reason,
         f"{len(step)} pods beyond the minimum (subgroups {', '.join(leaves)}) wait: they must start together, "
         f"to their subgroups' own minimums; {pod.name}: {text}{why}",
+        detail,
     )
+
+
+def _detail(
+    found: tuple[status.Candidate, ...],
+    refusal: str | None,
+    *,
+    resource: status.Resource | None = None,
+    requested: int | None = None,
+    first: status.Hint | None = None,
+) -> status.Detail:
+    """The structured side of a pending status: the blocking resource (else the best node's first lack), the best
+    nodes, and what would unblock it (reclaim's refusal, else room on the nodes)."""
+    lacks = found[0].lacks if found else ()
+    if resource is None and lacks:
+        resource, requested = lacks[0].resource, lacks[0].requested
+    hints = [first] if first is not None else []
+    if refusal:
+        hints.append(status.Hint(remedy=status.Remedy.NOT_RECLAIMED, message=f"not reclaimed: {refusal}"))
+    elif first is None and found:
+        hints.append(
+            status.Hint(
+                remedy=status.Remedy.FREE_ROOM,
+                message="it is placed when running pods finish or more nodes join",
+                resource=resource,
+            )
+        )
+    return status.Detail(resource=resource, requested=requested, candidates=found, hints=tuple(hints))
