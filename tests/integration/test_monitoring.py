@@ -389,6 +389,7 @@ def _scheduler_metrics() -> SchedulerMetrics:
         ("TelemetryStale", "warning", "", "", "gpu-node-3", ""),
         ("GpuUnhealthy", "critical", "", "", "gpu-node-1", "1"),
         ("GpuUnhealthy", "critical", "", "", "gpu-node-5", ""),
+        ("TelemetryConflict", "critical", "", "", "gpu-node-4", ""),
     ):
         metrics.set_alert(labels, firing=True)
     metrics.set_alerts_firing(
@@ -398,6 +399,7 @@ def _scheduler_metrics() -> SchedulerMetrics:
             "UnattributedGpuMemory": 1,
             "TelemetryStale": 1,
             "GpuUnhealthy": 2,
+            "TelemetryConflict": 1,
         }
     )
     metrics.set_telemetry_ages({"gpu-node-1": 0.5, "gpu-node-3": 42.0})
@@ -570,6 +572,22 @@ def test_prometheus_fires_gpu_unhealthy_for_a_device_and_for_a_whole_node(promet
     assert node["summary"] == "Every GPU of node gpu-node-5 failed a health check and gets no new work"
     assert node["description"].startswith("Every GPU of node gpu-node-5 is out of placement: the node's agent reported")
     assert "`nvidia-smi -q`" in node["description"]
+
+
+def test_prometheus_fires_telemetry_conflict_for_the_node_two_publishers_claim(prometheus: Prometheus) -> None:
+    firing = prometheus.wait_for_firing(
+        lambda alerts: any(alert["labels"]["alertname"] == "QuotientTelemetryConflict" for alert in alerts),
+        what="QuotientTelemetryConflict for gpu-node-4",
+    )
+    (conflict,) = [alert for alert in firing if alert["labels"]["alertname"] == "QuotientTelemetryConflict"]
+    assert conflict["labels"] == {
+        "alertname": "QuotientTelemetryConflict",
+        "alert": "TelemetryConflict",
+        "severity": "critical",
+        "node": "gpu-node-4",
+    }
+    assert conflict["annotations"]["summary"] == "Two publishers send telemetry as node gpu-node-4"
+    assert "`kubectl describe node gpu-node-4`" in conflict["annotations"]["description"]
 
 
 def test_prometheus_fires_for_a_first_internal_fault_and_for_quarantined_groups(prometheus: Prometheus) -> None:
