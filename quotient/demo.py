@@ -8,13 +8,16 @@ demo cluster (``examples/clusters/demo.yaml``: two A100 nodes, an L4 node, a CPU
 run the processes of the pods the emulated kubelets start, each measured by its own ``quotient agent`` process through
 pynvml over the mock NVML driver (``quotient.nvmlmock``; over ``FakeProbe`` in this process where no C compiler can
 build the mock, which the demo says; under ``CI=true`` the mock is required); and the real scheduler as
-its own process (``quotient scheduler``, serving ``quotient`` and ``kai-scheduler``). Then it applies the users'
-workflows (the seeds' queues and pods from ``../shared/seeds``, else ``deploy/examples``) and plays a scenario: a
-gang that does not fit and binds when a GPU frees, a pod with an invalid ``gpu-fraction``, a GPU's Xid error, NATS
-going away and coming back, and a pod that outgrows its quarter of a GPU until the scheduler raises
-``GpuMemoryOverconsumption`` with its name (the scheduler runs with ``--nats``: live telemetry). A live view shows
-where each pod landed and why the pending ones wait, and what a
-third-party NATS subscriber receives from the agents. ``--keep`` leaves everything running and says how to connect.
+its own process (``quotient scheduler``, serving ``quotient`` and ``kai-scheduler``, leader-elected under the
+Lease ``quotient-system/quotient-scheduler`` as the pod ``quotient-scheduler-0``, whose ``/metrics`` the emulator's
+pod proxy reaches, as on a cluster). Then it applies the users' workflows (the seeds' queues and pods from
+``../shared/seeds``, else ``deploy/examples``) and plays the story the guides tell (``quotient.demo_story``: each pair
+on its own GPU group, a gang that waits and binds whole, a reclaim, ``kubectl quotient explain`` and ``queues``, an
+invalid ``gpu-fraction``, ``GpuMemoryOverconsumption``, a GPU's Xid, NATS going away and coming back), each step
+with what KAI shows instead; ``kubectl quotient`` runs as installed (``quotient.demo_plugin``). A live view shows
+where each pod landed and why the pending ones wait, and what a third-party NATS subscriber receives from the agents;
+a summary of the story's facts ends it. ``--keep`` leaves everything running and prints the ``export PATH=...`` and
+``export KUBECONFIG=...`` lines for ``kubectl quotient`` in the user's shell.
 """
 
 from __future__ import annotations
@@ -22,34 +25,45 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import os
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from common import clusterspec, command, logs, names, tasks
+from common import clusterspec, command, logs, names
 from common.errors import QuotientError
 from common.natsconn import NatsBus
 from common.natsserver import free_port
-from quotient import agentpods, demo_nats, demo_scenario, demo_view
+from quotient import agentpods, demo_nats, demo_plugin, demo_scenario, demo_story, demo_view
 from quotient.emulator.emulator import Emulator, EmulatorConfig
 from quotient.nodes import EmulatedNodes
 from quotient.nodes_runtime import GpuNodesRuntime
 from quotient.nvmlmock import build
 
+LEADER = "quotient-scheduler-0"
+"""The demo's scheduler as the Lease names it: the plugin finds its /metrics through this pod's proxy."""
+LEASE_NAMESPACE = "quotient-system"
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Step:
-    at_s: float
-    note: str
-    action: Callable[[], Any]
+
+def leader_pod() -> dict[str, Any]:
+    """The object the Lease's holder names, as deploy/ makes the scheduler's pod (port ``metrics``)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": LEADER, "namespace": LEASE_NAMESPACE, "labels": {"app": "quotient-scheduler"}},
+        "spec": {
+            "containers": [
+                {"name": "scheduler", "image": "quotient", "ports": [{"name": "metrics", "containerPort": 8080}]}
+            ]
+        },
+    }
 
 
 def nvml_mock(out: Callable[[str], None]) -> build.MockLibrary | None:
@@ -90,6 +104,10 @@ async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Cal
         emulator.add_runtime(runtime, node=name)
     scheduler_log = Path(workdir.name) / "scheduler.log"
     metrics_port = free_port()  # the summary reads GpuUnhealthy off the scheduler's /metrics
+    # The scheduler's pod as the Lease names it, its metrics port reached through the API server's pod proxy: how
+    # ``kubectl quotient`` finds the leader's /metrics on a real cluster.
+    await demo_scenario.apply(emulator, yaml.safe_dump(leader_pod()))
+    emulator.route_pod(LEASE_NAMESPACE, LEADER, 8080, f"127.0.0.1:{metrics_port}")
     scheduler = await asyncio.create_subprocess_exec(
         *[
             sys.executable,
@@ -100,7 +118,11 @@ async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Cal
             emulator.url,
             "--scheduler-name",
             ",".join(demo_view.SCHEDULER_NAMES),
-            "--no-leader-elect",
+            "--leader-elect",
+            "--identity",
+            LEADER,
+            "--lease-namespace",
+            LEASE_NAMESPACE,
             "--no-webhook",
             "--metrics-port",
             str(metrics_port),
@@ -119,7 +141,9 @@ async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Cal
     )
     telemetry = demo_view.Telemetry()
     viewer = NatsBus(servers=nats.url, name="demo-viewer", nkey_seed=secured.seed("reader"), tls_ca=secured.ca)
+    kubectl = demo_plugin.Kubectl(emulator, Path(workdir.name))
     notes: list[str] = []
+    shown: list[str] = []
     start = time.monotonic()
     tty = sys.stdout.isatty()
 
@@ -128,58 +152,26 @@ async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Cal
         if not tty:
             out(notes[-1])
 
-    actions = tasks.TaskSet("demo")
-
-    async def noting_refusals(work: Awaitable[list[str]]) -> None:
-        for line in await work:
-            if "refused" in line:
-                note(line)
-
-    def later(text: str) -> None:
-        actions.spawn(noting_refusals(demo_scenario.apply(emulator, text)), name="apply")
-
-    def free_a_gpu() -> None:
-        actions.spawn(noting_refusals(demo_scenario.delete_pod(emulator, "default", "gpu-pod")), name="free-a-gpu")
+    def show(command_line: str, text: str) -> None:
+        """A command the user could type and what it printed: said at once, and kept in the frame on a tty."""
+        shown[:] = [f"$ {command_line}", *text.splitlines()]
+        if not tty:
+            out("\n".join(f"    {line}" for line in shown))
 
     a100 = sorted(name for name in nodes.fakes if name.startswith("a100"))[0]
-    failed: list[tuple[str, int]] = []
-    scale = duration_s / 100
-    steps = [
-        Step(
-            at_s=20 * scale,
-            note="team-a submits a PyTorchJob of 4 one-GPU workers: a gang, all or nothing",
-            action=lambda: later(demo_scenario.GANG),
-        ),
-        Step(
-            at_s=28 * scale,
-            note='team-b submits a pod with gpu-fraction "1.7": refused with the reason',
-            action=lambda: later(demo_scenario.INVALID),
-        ),
-        Step(
-            at_s=32 * scale,
-            note="team-b's pod 'greedy' gets 0.25 of a GPU and grows to 30 GiB: GpuMemoryOverconsumption names it",
-            action=lambda: later(demo_scenario.GREEDY),
-        ),
-        Step(at_s=45 * scale, note="gpu-pod ends: a GPU frees, the gang fits and binds whole", action=free_a_gpu),
-        Step(
-            at_s=60 * scale,
-            note="inject Xid 79 (GPU fell off the bus) on a GPU a pod uses: GpuUnhealthy takes it out of placement",
-            action=lambda: failed.extend(fail_a_gpu(emulator, nodes, a100, note)),
-        ),
-        Step(
-            at_s=70 * scale,
-            note="stop nats-server: agents keep sampling and keep only their newest sample",
-            action=nats.stop,
-        ),
-        Step(
-            at_s=78 * scale,
-            note="start nats-server again on the same port: agents reconnect by themselves",
-            action=nats.start,
-        ),
-    ]
+    story = demo_story.Story(
+        emulator,
+        kubectl,
+        note=note,
+        show=show,
+        fail_a_gpu=lambda: fail_a_gpu(emulator, nodes, a100, note),
+        nats_stop=nats.stop,
+        nats_start=nats.start,
+    )
     runner = asyncio.create_task(nodes.run())
+    playing: asyncio.Task[None] | None = None
     try:
-        for namespace in ("team-a", "team-b"):
+        for namespace in ("team-a", "team-b", "ai-workloads"):
             await demo_scenario.apply(emulator, f"apiVersion: v1\nkind: Namespace\nmetadata: {{name: {namespace}}}\n")
         source, texts = demo_scenario.workflow_texts()
         created = []
@@ -191,15 +183,16 @@ async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Cal
             f"{scheduler.pid} (log {scheduler_log})"
         )
         note(f"applied the users' workflows from {source}: {', '.join(created)}")
+        note("  instead, KAI: the same objects, read unchanged (the guides' pods name schedulerName kai-scheduler)")
+        note(f"kubectl quotient runs {kubectl.how}")
         await viewer.connect()
         await viewer.subscribe("quotient.v1.>", telemetry.on_message)
+        playing = asyncio.create_task(story.run(story.steps(duration_s / 100), start))
         next_frame = 0.0
-        while keep or time.monotonic() - start < duration_s:
+        while keep or time.monotonic() - start < duration_s or not playing.done():
             elapsed = time.monotonic() - start
-            while steps and elapsed >= steps[0].at_s:
-                step = steps.pop(0)
-                note(step.note)
-                step.action()
+            if playing.done():
+                playing.result()  # a step that failed ends the demo with its error
             if runner.done():
                 runner.result()
                 return 1
@@ -207,15 +200,26 @@ async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Cal
                 note(f"the scheduler exited with {scheduler.returncode}; its log: {scheduler_log}")
                 return 1
             if elapsed >= next_frame:
-                frame = demo_view.render(emulator, telemetry, elapsed_s=elapsed, notes=notes, nats_up=nats.running)
+                frame = demo_view.render(
+                    emulator,
+                    telemetry,
+                    elapsed_s=elapsed,
+                    notes=notes,
+                    nats_up=nats.running,
+                    shown=shown if tty else (),
+                )
                 out(("\x1b[2J\x1b[H" if tty else "\n") + frame)
-                next_frame = elapsed + (1.0 if tty else 20 * scale)
-            if keep and elapsed > duration_s and not steps and not notes[-1].startswith("--keep"):
+                next_frame = elapsed + (1.0 if tty else 20 * duration_s / 100)
+            if keep and elapsed > duration_s and playing.done() and not notes[-1].startswith("--keep"):
                 emulator.start_default_scheduler()  # for what a newcomer types (kubectl create deployment ...)
                 notes.append(
-                    f"--keep: still running. kubectl --server {emulator.url} get pods -A ; NATS at {nats.url} "
-                    f"(nats sub 'quotient.v1.>' --server {nats.url} --tlsca {secured.ca} "
-                    f"--nkey {secured.seed('reader')}); Ctrl-C stops everything."
+                    "--keep: still running; Ctrl-C stops everything. In your shell, for kubectl and kubectl quotient:\n"
+                    f"  export PATH={demo_plugin.VENV_BIN}:$PATH\n"
+                    f"  export KUBECONFIG={kubectl.kubeconfig}\n"
+                    "  kubectl get pods -A; kubectl quotient queues; kubectl quotient top; "
+                    f"kubectl quotient explain team-b/greedy\n"
+                    f"NATS at {nats.url}: nats sub 'quotient.v1.>' --server {nats.url} --tlsca {secured.ca} "
+                    f"--nkey {secured.seed('reader')}"
                 )
                 out(notes[-1])
             await asyncio.sleep(0.1)
@@ -225,30 +229,37 @@ async def run_demo(*, duration_s: float, keep: bool, interval_s: float, out: Cal
                 emulator, telemetry, elapsed_s=time.monotonic() - start, notes=notes, nats_up=nats.running
             )
         )
+        facts = story.facts
+        told, happened = demo_story.summary(emulator, facts)
+        out("\nWhat the story showed:\n" + "\n".join(f"  {line}" for line in told))
         bound = [p for p in emulator.list("v1", "Pod") if (p.get("spec") or {}).get("nodeName")]
-        gang = [p for p in bound if demo_view.meta_of(p).get("name", "").startswith("big-train-worker")]
-        ok = telemetry.counts.get("telemetry", 0) > 0 and telemetry.undecodable == 0 and len(gang) == 4
-        gang_state = "whole" if len(gang) == 4 else "NOT bound"
+        ok = happened and telemetry.counts.get("telemetry", 0) > 0 and telemetry.undecodable == 0
         overuse = [
             alert
             for alert in telemetry.alerts
             if alert.get("name") == "GpuMemoryOverconsumption" and alert.get("state") == "firing"
         ]
-        if overuse:
-            out(f"\nover-consumption alert received on NATS: {demo_view.alert_line(overuse[0])}")
-        if failed:
-            out("\n" + await gpu_unhealthy_summary(emulator, telemetry, metrics_port, *failed[0]))
+        greedy = [alert for alert in overuse if alert.get("pod_name") == "greedy"]
+        out(
+            "\nover-consumption alert received on NATS: "
+            + (demo_view.alert_line((greedy or overuse)[0]) if overuse else "none")
+        )
+        if facts.failed:
+            out("\n" + await gpu_unhealthy_summary(emulator, telemetry, metrics_port, *facts.failed[0]))
         answers = await asyncio.to_thread(_scrape_all, metrics_port, "quotient_nats_auth_total", ("outcome", "reason"))
         out(f"\nNATS identities: {demo_nats.auth_summary(answers, callout=secured.callout)}")
         out(
-            f"\ndemo finished: {len(bound)} pods bound (the 4-worker gang {gang_state}), "
+            f"\ndemo finished: {len(bound)} pods bound, "
             f"{telemetry.counts.get('telemetry', 0)} telemetry and {telemetry.counts.get('health', 0)} health "
             f"messages received, {len(telemetry.alerts)} alerts, {telemetry.undecodable} undecodable; "
             f"agents: {nodes.probe_description}; everything stopped."
         )
         return 0 if ok else 1
     finally:
-        await actions.cancel()
+        if playing is not None:
+            playing.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await playing
         runner.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await runner
@@ -349,9 +360,14 @@ def main(argv: Sequence[str]) -> int:
     logs.setup(level="error")
     exit_status = [0]  # Ctrl-C or SIGTERM stops the demo (everything it started included) and exits 0
 
+    stream = sys.stdout  # the demo's own lines, also while the in-process plugin's output is being captured
+
     async def demo() -> None:
         exit_status[0] = await run_demo(
-            duration_s=args.duration, keep=args.keep, interval_s=args.interval, out=lambda t: print(t, flush=True)
+            duration_s=args.duration,
+            keep=args.keep,
+            interval_s=args.interval,
+            out=lambda t: print(t, file=stream, flush=True),
         )
 
     try:

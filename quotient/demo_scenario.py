@@ -1,10 +1,12 @@
 """What ``quotient demo`` applies: the users' workflows, the demo's own queues, and the scenario's manifests.
 
-The users' workflows are the talk guide's seed files (``../shared/seeds``) when they are there, else our
-equivalents in ``deploy/examples``; they are applied through the emulator's API, so admission and validation
-apply as they would for ``kubectl apply``. The scenario's manifests are written as a user would write them (YAML
-with the KAI and Quotient labels and annotations spelled out): a gang that does not fit at first, a pod with an
-invalid ``gpu-fraction``, and a quarter-GPU pod whose memory grows past its share.
+The users' workflows are the guides' seed files (``../shared/seeds``) when they are there, else our equivalents in
+``deploy/examples``; they are applied through the emulator's API, so admission and validation apply as they would for
+``kubectl apply``. The talk's queues, CPU pod, one-GPU pod and research pod come first (``SEED_FILES``); the two pairs
+(``PAIR_FILES``: the talk's 0.5 + 0.25 pods, the vLLM guide's 0.7 + 0.2 Deployments) come later, in the order the
+story (``quotient.demo_story``) chooses. The scenario's manifests are written as a user would write them (YAML with
+the KAI and Quotient labels and annotations spelled out): a gang that does not fit at first, team-b's two-GPU pod that
+reclaims from team-a, a pod with an invalid ``gpu-fraction``, and a quarter-GPU pod whose memory grows past its share.
 """
 
 from __future__ import annotations
@@ -25,10 +27,16 @@ SEED_FILES = (
     "queues.yaml",
     "cpu-pod.yaml",
     "gpu-pod.yaml",
-    "gpu-sharing.yaml",
-    "inference-pod.yaml",
     "research-pod.yaml",
 )
+"""The talk's seeds applied at the start; its pair (``PAIR_FILES``) and the vLLM guide's come later, in the story."""
+PAIR_FILES = ("gpu-sharing.yaml", "inference-pod.yaml", "vllm-test-07.yaml", "vllm-test-02.yaml")
+EXAMPLE_PAIR_FILES = {
+    "gpu-sharing.yaml": "talk/gpu-sharing.yaml",
+    "inference-pod.yaml": "talk/inference-pod.yaml",
+    "vllm-test-07.yaml": "vllm/vllm-test-07.yaml",
+    "vllm-test-02.yaml": "vllm/vllm-test-02.yaml",
+}
 
 
 def _team_queue(name: str, *, gpu_quota: int, over_quota_weight: int) -> str:
@@ -48,30 +56,54 @@ spec:
 
 DEMO_QUEUES = "---".join(
     (
-        _team_queue("team-a", gpu_quota=4, over_quota_weight=1),
-        _team_queue("team-b", gpu_quota=2, over_quota_weight=3),
+        _team_queue("team-a", gpu_quota=3, over_quota_weight=1),
+        _team_queue("team-b", gpu_quota=4, over_quota_weight=3),
     )
 )
+"""team-a deserves 3 GPUs and will hold 5 (llm-train's 2 and the gang's 3); team-b deserves 4 and holds less until
+it reclaims 2 (``RECLAIMER``): KAI's "guarantee deserved quota" reclaim, which leaves team-a its 3."""
 
-GANG = """
+GANG_NAME = "big-train"
+GANG_SIZE = 3
+GANG = f"""
 apiVersion: kubeflow.org/v1
 kind: PyTorchJob
-metadata: {name: big-train, namespace: team-a, labels: {kai.scheduler/queue: team-a}}
+metadata: {{name: {GANG_NAME}, namespace: team-a, labels: {{kai.scheduler/queue: team-a}}}}
 spec:
   pytorchReplicaSpecs:
     Worker:
-      replicas: 4
+      replicas: {GANG_SIZE}
       restartPolicy: Never
       template:
         metadata:
-          annotations: {quotient.dev/sim-gpu-memory: "20Gi@0s,60Gi@10s"}
+          annotations: {{quotient.dev/sim-gpu-memory: "20Gi@0s,60Gi@10s"}}
         spec:
           schedulerName: quotient
           containers:
           - name: pytorch
             image: pytorch/pytorch
-            resources: {limits: {nvidia.com/gpu: "1"}, requests: {cpu: "4", memory: 32Gi}}
+            resources: {{limits: {{nvidia.com/gpu: "1"}}, requests: {{cpu: "4", memory: 32Gi}}}}
 """
+"""A gang of one-GPU workers that cannot start until a GPU frees (2 are free when it comes, 3 once gpu-pod ends)."""
+
+RECLAIMER_NAME = "finetune"
+RECLAIMER_GPUS = 2
+RECLAIMER = f"""
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {RECLAIMER_NAME}
+  namespace: team-b
+  labels: {{kai.scheduler/queue: team-b}}
+  annotations: {{quotient.dev/sim-gpu-memory: "30Gi@0s"}}
+spec:
+  schedulerName: quotient
+  containers:
+  - name: main
+    image: pytorch/pytorch
+    resources: {{limits: {{nvidia.com/gpu: "{RECLAIMER_GPUS}"}}, requests: {{cpu: "8", memory: 64Gi}}}}
+"""
+"""team-b's two-GPU pod on a full cluster, within team-b's quota: it reclaims from team-a, over its own."""
 
 GREEDY = """
 apiVersion: v1
@@ -105,8 +137,16 @@ def workflow_texts() -> tuple[str, list[str]]:
     """The talk guide's queues and pods: the seeds' own files, else our equivalents in deploy/examples."""
     if SEEDS.is_dir() and all((SEEDS / name).is_file() for name in SEED_FILES):
         return str(SEEDS), [(SEEDS / name).read_text() for name in SEED_FILES]
-    files = [EXAMPLES / "queues.yaml", *sorted((EXAMPLES / "talk").glob("*.yaml"))]
+    pairs = {EXAMPLES / path for path in EXAMPLE_PAIR_FILES.values()}
+    files = [EXAMPLES / "queues.yaml", *sorted(set((EXAMPLES / "talk").glob("*.yaml")) - pairs)]
     return str(EXAMPLES), [path.read_text() for path in files]
+
+
+def seed_texts(*files: str) -> list[str]:
+    """The pairs' manifests (``PAIR_FILES``): the seeds' own files, else our equivalents in deploy/examples."""
+    if all((SEEDS / name).is_file() for name in files):
+        return [(SEEDS / name).read_text() for name in files]
+    return [(EXAMPLES / EXAMPLE_PAIR_FILES[name]).read_text() for name in files]
 
 
 async def apply(emulator: Emulator, text: str, *, namespace: str | None = None) -> list[str]:

@@ -58,7 +58,15 @@ def _gib(value: object) -> str:
     return f"{value / GIB:.1f}" if isinstance(value, int) else "?"
 
 
-def render(emulator: Emulator, telemetry: Telemetry, *, elapsed_s: float, notes: Sequence[str], nats_up: bool) -> str:
+def render(
+    emulator: Emulator,
+    telemetry: Telemetry,
+    *,
+    elapsed_s: float,
+    notes: Sequence[str],
+    nats_up: bool,
+    shown: Sequence[str] = (),
+) -> str:
     pods = sorted(
         emulator.list("v1", "Pod"), key=lambda p: (meta_of(p).get("namespace", ""), meta_of(p).get("name", ""))
     )
@@ -95,6 +103,8 @@ def render(emulator: Emulator, telemetry: Telemetry, *, elapsed_s: float, notes:
     lines += ["", "Alerts from the scheduler (quotient.v1.alerts.<name>, newest last):"]
     lines += [f"  {alert_line(alert)}" for alert in telemetry.alerts[-6:]] or ["  none yet"]
     lines += ["", *notes[-8:]]
+    if shown:  # the last command the story ran, as the user would see it
+        lines += ["", *shown[:24]]
     return "\n".join(lines)
 
 
