@@ -308,4 +308,19 @@ def explain(inputs: gather.ExplainInputs, *, scheduler_names: Sequence[str] = ("
         return dataclasses.replace(base, state=State.FINISHED)
     if record.node is not None:
         return dataclasses.replace(base, state=State.RUNNING, running=_running(record, inputs, events))
+    if group_status.reason is None:
+        group_status = _from_pod_event(group_status, events)
     return dataclasses.replace(base, state=State.PENDING, pending=_pending(group_status, queue, queues))
+
+
+def _from_pod_event(group: facts.GroupStatus, events: Sequence[facts.EventFact]) -> facts.GroupStatus:
+    """A pod refused before it joins a gang (an invalid GPU request, a queue label that names nothing...) has no
+    PodGroup condition: the scheduler says why in a Warning ``Unschedulable`` Event on the pod, ``REASON: message``."""
+    said = [event for event in events if event.reason == "Unschedulable" and event.type == "Warning"]
+    if not said:
+        return group
+    newest = max(said, key=lambda event: event.at_ns or 0)
+    reason, colon, message = newest.message.partition(": ")
+    if not colon or not reason.isidentifier():
+        reason, message = "Unschedulable", newest.message
+    return dataclasses.replace(group, reason=reason, message=message, since_ns=newest.at_ns)
