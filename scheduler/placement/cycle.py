@@ -346,6 +346,7 @@ class Cycle:
                     self.refusals[group.id] = why
                 continue
             # The pods may have become placeable through evictions made for an earlier group: never mind then.
+            since = len(self.draft.evictions)
             if action is model.Action.CONSOLIDATE:
                 refused = evictions.consolidate(scene, group, pods)
             elif action is model.Action.RECLAIM:
@@ -355,7 +356,7 @@ class Cycle:
             else:
                 refused = evictions.preempt(scene, group, pods)
             if refused is None:
-                self.statuses[group.id] = evictions.waiting_status(reason, group, self.draft)
+                self.statuses[group.id] = evictions.waiting_status(reason, group, self.draft, since=since)
             else:
                 failures.failed(group, pod_shapes, refused if action is model.Action.RECLAIM else None)
 

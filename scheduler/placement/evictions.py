@@ -19,14 +19,14 @@ actions for it.
 
 from __future__ import annotations
 
-from collections.abc import Container, Sequence
+from collections.abc import Container, Iterator, Sequence
 
 from common.resources import Resources
 from scheduler.placement import decisions, gangs, model, plan, reclaimable, roommaking, status, subgroups, victims
 
 
-def _everyone(scene: roommaking.Scene) -> list[victims.Unit]:
-    """Every preemptible running unit of every queue, in victim order."""
+def _everyone(scene: roommaking.Scene) -> Iterator[victims.Unit]:
+    """Every preemptible running unit of every queue, in victim order (from the first not evicted yet)."""
     return scene.candidates("all", lambda: [group for leaf in sorted(scene.running) for group in scene.running[leaf]])
 
 
@@ -189,9 +189,12 @@ def stale_gangs(scene: roommaking.Scene, candidates: Sequence[model.Group]) -> N
                 )
 
 
-def waiting_status(reason: decisions.EvictionReason, group: model.Group, draft: plan.Draft) -> status.Status:
-    """The status of a group that evictions were issued for."""
-    mine = [eviction for eviction in draft.evictions if eviction.beneficiary == group.id]
+def waiting_status(
+    reason: decisions.EvictionReason, group: model.Group, draft: plan.Draft, *, since: int = 0
+) -> status.Status:
+    """The status of a group that evictions were issued for (``since``: where in the draft's evictions its own
+    begin; every eviction for a group is made by its one successful attempt of the cycle)."""
+    mine = [eviction for eviction in draft.evictions[since:] if eviction.beneficiary == group.id]
     moved = sum(1 for eviction in mine if eviction.pod in draft.placed)
     code = {
         decisions.EvictionReason.RECLAIM: status.Reason.WAITING_FOR_RECLAIM,

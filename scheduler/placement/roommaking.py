@@ -22,9 +22,10 @@ Consolidation (``moves``) requires every victim to move, or nothing happens; rec
 can and evict the rest, so one plan may both move and evict. ``validate`` (reclaim's queue rules) judges the whole
 scenario once the minimum and the moves are in place.
 
-The search is bounded: victim units are sorted once per cycle (``Scene.candidates``), at most ``_MAX_SCANNED``
-candidates are looked at per group, and an attempt that failed is not repeated for a group of the same shapes (and,
-for reclaim and preemption, the same queue and priority) until some eviction changed the picture. Which units are
+The search is bounded by what the group asks for (``roombounds``: victim units evicted and candidates looked at per
+GPU asked; each attempt starts after the victims the cycle already took; a gang's minimum is tried again only once
+an upper bound says it may fit), and an attempt that failed is not repeated for a group of the same shapes (and, for
+reclaim and preemption, the same queue and priority) until some eviction changed the picture. Which units are
 candidates, and which of them are eligible, is each action's business (``evictions``).
 """
 
@@ -32,8 +33,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import itertools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from scheduler.placement import (
     decisions,
@@ -43,17 +43,15 @@ from scheduler.placement import (
     model,
     ordering,
     plan,
+    roombounds,
     search,
     shapes,
     status,
     victims,
 )
 
-_MAX_UNITS = 64
-"""At most this many victim units are evicted for one group: a bound on the work of one attempt."""
-_MAX_SCANNED = 1_000
-"""At most this many candidate units are looked at for one group: on a large cluster the useful victims of a group
-are among the first in victim order or nowhere, and a bound keeps a full cluster's cycle from growing with it."""
+_SETTLES_BEFORE_BOUND = 2
+"""Failed tries of a gang's minimum after which it is tried again only where ``roombounds.FitBound`` says it may fit."""
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
@@ -73,22 +71,16 @@ class Scene:
     """Set when a decision depended on the time: a victim too young, a stale gang within its grace."""
     wake_ns: int | None = None
     """The earliest time at which such a decision would go the other way (``wake_at``); None: none known."""
-    _sorted: dict[object, list[victims.Unit]] = dataclasses.field(default_factory=dict)
+    _victims: roombounds.VictimLists = dataclasses.field(init=False)
     _failures: dict[tuple[object, ...], int] = dataclasses.field(default_factory=dict)
 
-    def candidates(self, key: object, groups: Callable[[], list[model.Group]]) -> list[victims.Unit]:
-        """The victim units of ``groups`` (preemptible ones only) in victim order, computed once per cycle.
+    def __post_init__(self) -> None:
+        self._victims = roombounds.VictimLists(self.draft)
 
-        Units are cut before any eviction of this cycle; ``make_room`` skips pods evicted since.
-        """
-        found = self._sorted.get(key)
-        if found is None:
-            found = sorted(
-                (unit for group in groups() if group.preemptible for unit in victims.units(group, ())),
-                key=lambda unit: unit.order_key,
-            )
-            self._sorted[key] = found
-        return found
+    def candidates(self, key: object, groups: Callable[[], list[model.Group]]) -> Iterator[victims.Unit]:
+        """The victim units of ``groups`` (preemptible ones only) in victim order, sorted once per cycle, from the
+        first one with a pod not evicted yet (``roombounds.VictimLists``); ``make_room`` skips pods evicted since."""
+        return self._victims.live(key, groups)
 
     def failed_before(self, key: tuple[object, ...]) -> bool:
         """Did an attempt with this key fail with no eviction made since (so it would fail again)?"""
@@ -213,11 +205,14 @@ def make_room(
     memo = (reason, wanted) if moves else (reason, group.queue, group.priority, wanted)
     if scene.failed_before(memo):
         return False
+    wanted_shapes = [scene.pod_shapes[pod.uid] for pod in minimum]
+    units, scanned = roombounds.limits(wanted_shapes)
     search = _Search(
         scene,
         group=group,
         minimum=minimum,
-        candidates=list(itertools.islice(candidates, _MAX_SCANNED)),
+        candidates=roombounds.Candidates(candidates, scanned),
+        max_units=units,
         reason=reason,
         eligible=eligible,
         budget=budget,
@@ -239,7 +234,8 @@ class _Search:
         *,
         group: model.Group,
         minimum: Sequence[model.Pod],
-        candidates: list[victims.Unit],
+        candidates: roombounds.Candidates,
+        max_units: int,
         reason: decisions.EvictionReason,
         eligible: Callable[[victims.Unit], bool],
         budget: int | None,
@@ -251,6 +247,9 @@ class _Search:
         self.group = group
         self.minimum = minimum
         self.candidates = candidates
+        self.max_units = max_units
+        self.fit_bound: roombounds.FitBound | None = None
+        self.failed_settles = 0
         self.reason = reason
         self.eligible = eligible
         self.budget = budget
@@ -268,12 +267,16 @@ class _Search:
         if not self._scan():
             self.draft.rollback(self.start)
             return False
-        # Drop the units that were not needed after all, in the order they were chosen.
+        # Drop the units that were not needed after all, in the order they were chosen (each try places the
+        # minimum again; there are at most roombounds.UNITS of them).
         needed = list(self.chosen)
+        tries = self.chosen
         last_ok = True
-        for unit in self.chosen:
+        for unit in tries:
             trial = [other for other in needed if other is not unit]
-            if trial and self._attempt(trial):
+            if not trial:
+                continue  # the last unit left is needed: the draft still holds the last success
+            if self._attempt(trial):
                 needed = trial
                 last_ok = True
             else:
@@ -292,8 +295,8 @@ class _Search:
     def _scan(self) -> bool:
         """Pool the candidates per node and evict a pool as soon as its node gains room; True once the minimum
         fits (with the draft holding the evictions, moves and reservation)."""
-        limit = self.scene.snapshot.config.consolidation_max_moves if self.moves else _MAX_UNITS
-        for index, unit in enumerate(self.candidates):
+        limit = self.scene.snapshot.config.consolidation_max_moves if self.moves else self.max_units
+        for index, unit in self.candidates:
             if len(self.chosen) >= limit:
                 return False
             if not self._takeable(unit):
@@ -308,15 +311,35 @@ class _Search:
                 self.pools[ready] = batch  # kept for later: the node's room came from one unit alone
                 self.pooled_gpu[ready] = sum(plan.held_milli_gpu(pod) for unit in batch for pod in self._live(unit))
                 batch = [single]
-            for other in self.pools.values():
-                other[:] = [member for member in other if member not in batch]
+            # A unit is pooled only on the nodes its pods run on.
+            taken = {id(member) for member in batch}
+            for name in dict.fromkeys(pod.node for member in batch for pod in member.pods if pod.node is not None):
+                other = self.pools.get(name)
+                if other:
+                    other[:] = [member for member in other if id(member) not in taken]
             if not self._evict(batch, newest=unit):
+                continue
+            if not self._may_fit(batch):
                 continue
             probe = self.draft.checkpoint()
             if self._settle(self.chosen):
                 return True
             self.draft.rollback(probe)
+            self.failed_settles += 1
         return False
+
+    def _may_fit(self, batch: Sequence[victims.Unit]) -> bool:
+        """Could the minimum fit now? After a gang's first failed tries, an upper bound answers (it only says no
+        where placing the minimum would fail, so nothing changes but the work)."""
+        if len(self.minimum) <= 1 or self.failed_settles < _SETTLES_BEFORE_BOUND:
+            return True
+        if self.fit_bound is None:
+            self.fit_bound = roombounds.FitBound(
+                self.scene.searcher, [self.scene.pod_shapes[pod.uid] for pod in self.minimum]
+            )
+        else:
+            self.fit_bound.changed(pod.node for member in batch for pod in member.pods if pod.node is not None)
+        return self.fit_bound.may_fit()
 
     def _pool(self, unit: victims.Unit) -> model.NodeName | None:
         """Add ``unit`` to the pool of each node it helps; the first node that gains room from its pool, if any."""
@@ -347,7 +370,7 @@ class _Search:
             return None
         gpu = sum(plan.held_milli_gpu(pod) for unit in batch for pod in self._live(unit))
         top = max(unit.group.priority for unit in batch)
-        for later in self.candidates[index + 1 :]:
+        for later in self.candidates.on_node_after(node, index):
             if later.group.priority > top:
                 return None  # candidates come lowest priority first
             live = self._live(later)
