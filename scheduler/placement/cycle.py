@@ -85,6 +85,8 @@ class Cycle:
         self.failed: list[Failed] = []
         self.elastic_waiting: list[tuple[model.Group, gangs.Step]] = []
         self.scene: roommaking.Scene | None = None
+        self._leaving: dict[model.NodeName, list[tuple[model.QueueName, model.Pod]]] | None = None
+        """Running pods already leaving, by node (built on first use)."""
         self.pod_shapes: dict[model.PodUid, shapes.Shape] = {}
         self.orphans = orphans
         pending = set(groups.pending_queues())
@@ -339,6 +341,10 @@ class Cycle:
                 seconds = -(-(group.evictions_from_ns - now) // 1_000_000_000)
                 self.refusals[group.id] = f"its preemption delay lets it evict others in {seconds}s"
                 continue
+            leaving = self._leaving_for(group)
+            if leaving is not None:
+                self.statuses[group.id] = leaving  # room made for it in an earlier cycle is still being vacated
+                continue
             pod_shapes = [self._shape(pod) for pod in pods]
             pointless, why = failures.skip(group, pod_shapes)
             if pointless:
@@ -359,6 +365,34 @@ class Cycle:
                 self.statuses[group.id] = evictions.waiting_status(reason, group, self.draft, since=since)
             else:
                 failures.failed(group, pod_shapes, refused if action is model.Action.RECLAIM else None)
+
+    def _leaving_for(self, group: model.Group) -> status.Status | None:
+        """A group nominated to nodes where evicted pods are still leaving waits for them (KAI's pipelining: the room
+        being released is its), and makes no room again; None when it is not such a group."""
+        nominated = {pod.nominated_node for pod in group.members if pod.nominated_node is not None}
+        if not nominated:
+            return None
+        if self._leaving is None:
+            self._leaving = {}
+            for other in self.snapshot.groups.values():
+                for pod in other.members:
+                    if pod.leaving and pod.node is not None:
+                        self._leaving.setdefault(pod.node, []).append((other.queue, pod))
+        there = [(queue, pod) for node in sorted(nominated) for queue, pod in self._leaving.get(node, ())]
+        if not there:
+            return None
+        reason = (
+            status.Reason.WAITING_FOR_PREEMPTION
+            if all(queue == group.queue for queue, _ in there)
+            else status.Reason.WAITING_FOR_RECLAIM
+        )
+        names = ", ".join(f"{pod.namespace}/{pod.name}" for _, pod in there[:5])
+        more = f" and {len(there) - 5} more" if len(there) > 5 else ""
+        return status.waiting(
+            reason,
+            f"gang {group.id} waits for {len(there)} evicted pod(s) to leave its nominated node(s) "
+            f"{', '.join(sorted(nominated))}: {names}{more}",
+        )
 
     def _stale_gangs(self) -> None:
         stale = self.roster.stale_groups()

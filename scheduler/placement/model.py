@@ -247,6 +247,10 @@ class Pod:
     """Where an earlier cycle made room for this pending pod by evicting others (Kubernetes'
     ``status.nominatedNodeName``): such groups are placed before any other, so nobody else takes that room."""
     task_order: int = UNLABELLED_TASK
+    leaving: bool = False
+    """A running pod whose deletion was asked (an eviction under way: KAI's *releasing* pod): it still holds its room
+    until it is gone, but it is no victim (evicting it again frees nothing more), and a group nominated to its node
+    waits for it instead of making room again."""
 
     @property
     def whole_gpus(self) -> int:

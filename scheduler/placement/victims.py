@@ -73,7 +73,12 @@ def _unit(group: model.Group, pods: Sequence[model.Pod], *, extra: bool) -> Unit
 def units(group: model.Group, evicted: Container[model.PodUid]) -> list[Unit]:
     """The eviction units of a running group: each pod it could do without, each subgroup it could do without,
     then the whole group."""
-    running = [pod for pod in group.members if pod.phase is model.PodPhase.RUNNING and pod.uid not in evicted]
+    # A pod already leaving (its eviction under way) frees its room by itself: it is no victim.
+    running = [
+        pod
+        for pod in group.members
+        if pod.phase is model.PodPhase.RUNNING and not pod.leaving and pod.uid not in evicted
+    ]
     if not running:
         return []
     found: list[Unit] = []

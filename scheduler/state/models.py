@@ -164,6 +164,7 @@ def pod_from(pod: PodRecord) -> model.Pod | Problem:
         started_ns=pod.started_ns,
         nominated_node=model.NodeName(pod.nominated_node) if pod.nominated_node else None,
         task_order=_task_order(pod.task_priority),
+        leaving=pod.deleting and phase is model.PodPhase.RUNNING,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from collections.abc import Sequence
 
 from scheduler.placement import applying, decisions, engine, model, roombounds, shapes, status
 from tests.unit.placement import builders
@@ -153,3 +154,48 @@ def test_what_an_attempt_looks_at_grows_with_the_gpus_a_group_asks_for_and_what_
     eight = shapes.shape_of(builders.pod("eight", gpus=8))
     assert roombounds.limits([one]) == (64, 1_000)
     assert roombounds.limits([eight] * 250) == (64, 32_000)
+
+
+def _leaving(snapshot: model.Snapshot, evicted: Sequence[decisions.Eviction]) -> model.Snapshot:
+    """The snapshot while the evictions are under way: the victims still run, marked leaving (their deletion asked)."""
+    gone = {eviction.pod for eviction in evicted}
+    groups = {
+        gid: dataclasses.replace(
+            group,
+            members=tuple(dataclasses.replace(pod, leaving=pod.uid in gone) for pod in group.members),
+        )
+        for gid, group in snapshot.groups.items()
+    }
+    return dataclasses.replace(snapshot, groups=groups)
+
+
+def test_victims_still_leaving_are_no_victims_again_and_the_group_they_leave_for_waits_for_them() -> None:
+    # Cycle 1: ten of b's single-GPU groups reclaim ten of a's pods. Cycle 2, the victims still leaving: the ten wait
+    # for them on their nominated nodes and evict no one else, and ten more groups of b reclaim ten *other* pods.
+    full = _full(4, NO_QUOTA)
+    first_groups = _single_gpu_groups(10)
+    planner = engine.Engine()
+    first = planner.run(_with(full, *first_groups))
+    assert len(first.evictions) == 10
+    nominated = {str(n.pod): n.node for n in first.nominations}
+    waiting = tuple(
+        dataclasses.replace(
+            group,
+            members=tuple(dataclasses.replace(pod, nominated_node=nominated[str(pod.uid)]) for pod in group.members),
+        )
+        for group in first_groups
+    )
+    later = [
+        builders.group(f"c-{index:02d}", builders.pod(f"c-{index:02d}", gpus=1, cpu=100, memory=0), queue=B)
+        for index in range(10)
+    ]
+    second_snapshot = _with(_leaving(full, first.evictions), *waiting, *later)
+    second = planner.run(second_snapshot)
+    assert second == engine.Engine().run(second_snapshot)
+    again = {eviction.pod for eviction in second.evictions} & {eviction.pod for eviction in first.evictions}
+    assert not again
+    assert {eviction.beneficiary for eviction in second.evictions} == {group.id for group in later}
+    for group in waiting:
+        found = second.statuses[group.id]
+        assert found.reason is status.Reason.WAITING_FOR_RECLAIM, found
+        assert "evicted pod(s) to leave its nominated node(s)" in found.message
