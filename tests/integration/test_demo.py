@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,15 +19,39 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_the_demo_plays_its_scenario_and_exits_zero_leaving_no_process_behind() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "quotient.cli", "demo", "--duration", "40", "--interval", "0.5"],
+def _run_demo(*args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """Run ``quotient demo`` in a session of its own; past ``timeout_s`` the whole session is stopped (the demo's
+    NATS and agents too, which a plain kill of the demo would leave running) and the test fails with its output."""
+    with subprocess.Popen(
+        [sys.executable, "-m", "quotient.cli", "demo", *args],
         cwd=REPO,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=150,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+        start_new_session=True,
+    ) as process:
+        try:
+            out, err = process.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            for sig, grace_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, sig)
+                try:
+                    out, err = process.communicate(timeout=grace_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            else:
+                out, err = "", ""
+            pytest.fail(f"the demo ran past {timeout_s:.0f} s:\n{out[-4000:]}\n{err[-3000:]}")
+        return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+# The demo's own timeout fires first, so what it started is stopped before pytest-timeout's would.
+@pytest.mark.timeout(240)
+def test_the_demo_plays_its_scenario_and_exits_zero_leaving_no_process_behind() -> None:
+    result = _run_demo("--duration", "40", "--interval", "0.5", timeout_s=180)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
     out = result.stdout
     assert "demo finished" in out and "0 undecodable" in out
