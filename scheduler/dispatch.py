@@ -260,6 +260,7 @@ class Dispatcher:
         if self.is_evicting(pod.uid):
             return False
         self._record(pod).evict = Evict(reason=decision_reason, gpu_group=gpu_group, stamp=stamp)
+        self._state.mark_evicting(pod.uid, True)
         self._metrics.evictions.labels(metric).inc()
         self._binder().submit_evict(pod_ref(pod), node=node, disruption=disruption, message=message)
         return True
@@ -293,6 +294,7 @@ class Dispatcher:
         if report.outcome is binding.Outcome.GONE:
             return
         log.warning("eviction_failed", pod=f"{report.pod.namespace}/{report.pod.name}", message=report.message)
+        self._state.mark_evicting(uid, False)
         if record is not None:
             record.evict = None  # a later decision may try again
             self._settle(uid, record)

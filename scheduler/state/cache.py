@@ -61,6 +61,8 @@ class ClusterState:
         self.podgroups: dict[GroupKey, PodGroupRecord] = {}
         self.priority_classes: dict[str, int] = {}
         self.assumed: dict[str, Assumption] = {}
+        self.evicting: set[str] = set()
+        """Uids of the pods whose eviction the dispatcher asked for and whose deletion the watch has not shown."""
         self.decided: dict[str, str] = {}
         """Pod uid -> the PodGroup name the grouper chose, for pods whose annotation is not written yet."""
         self.group_members: dict[GroupKey, set[str]] = {}
@@ -193,6 +195,7 @@ class ClusterState:
         self.pod_generation.pop(uid, None)
         self.sharing_pods.discard(uid)
         assumed = self.assumed.pop(uid, None)
+        self.evicting.discard(uid)
         if assumed is not None:
             self._touch_node(assumed.node)
         if pod is not None:
@@ -210,6 +213,19 @@ class ClusterState:
         # The pod's record is unchanged (its parsed form stays valid); its group and node see the assumption.
         self.assumed[uid] = assumption
         self._touch_node(assumption.node)
+        pod = self.pods.get(uid)
+        if pod is not None:
+            self._touch_group(self.group_of(pod))
+
+    def mark_evicting(self, uid: str, evicting: bool) -> None:
+        """The dispatcher asked for the pod's eviction (or it failed): until the watch shows its deletion, the pod is
+        *leaving* in the snapshot, so no cycle takes it as a victim again while the request is on its way."""
+        if evicting == (uid in self.evicting):
+            return
+        if evicting:
+            self.evicting.add(uid)
+        else:
+            self.evicting.discard(uid)
         pod = self.pods.get(uid)
         if pod is not None:
             self._touch_group(self.group_of(pod))

@@ -293,6 +293,8 @@ class SnapshotBuilder:
                     # KAI leaves such a pod out (InvalidSubGroupTasks); one already running still counts.
                     issues.append(_issue(record, "InvalidPodGroup", _no_subgroup(key, record, leaves)))
                     continue
+            if uid in state.evicting and pod.phase is model.PodPhase.RUNNING and not pod.leaving:
+                pod = dataclasses.replace(pod, leaving=True)  # its eviction is on its way to the API
             assumption = state.assumed.get(uid)
             if assumption is not None and pod.phase is model.PodPhase.PENDING:
                 pod = dataclasses.replace(

@@ -259,9 +259,13 @@ async def test_an_eviction_is_announced_carried_out_once_and_kept_until_the_watc
     [decision] = world.bus.decisions()
     assert (decision["action"], decision["reason"], decision["node_name"]) == ("evict", "Evicted", "n1")
     assert world.dispatcher.is_evicting(uid)
+    # Until the watch shows it gone, the snapshot sees it leaving: no cycle takes it as a victim again.
+    assert uid in world.state.evicting
     assert world.metrics.registry.get_sample_value("quotient_evictions_total", {"reason": "reclaim"}) == 1.0
     world.dispatcher.pod_deleted(uid)
+    world.state.delete_pod(uid)
     assert not world.dispatcher.is_evicting(uid)
+    assert uid not in world.state.evicting
 
 
 async def test_an_eviction_the_api_refuses_is_dropped_so_a_later_decision_may_try_again(world: World) -> None:
@@ -283,6 +287,7 @@ async def test_an_eviction_the_api_refuses_is_dropped_so_a_later_decision_may_tr
     await world.binder.drain()
 
     assert not world.dispatcher.is_evicting(uid)
+    assert uid not in world.state.evicting  # a victim again for a later decision
     assert world.bus.decisions() == []
     assert await world.api.get(kubeapi.PODS, name="g", namespace="ml") is not None
 

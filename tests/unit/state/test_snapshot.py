@@ -152,6 +152,27 @@ def test_unchanged_nodes_and_groups_are_the_same_objects_in_the_next_snapshot() 
     assert second.groups[model.GroupId("default/pg-a")] is first.groups[model.GroupId("default/pg-a")]
 
 
+def test_a_pod_whose_eviction_was_asked_or_whose_deletion_began_is_leaving_and_stops_being_so_if_it_failed() -> None:
+    state = seeded_state()
+    state.put_podgroup(podgroup("pg-a"))
+    state.put_pod(pod("a", group="pg-a", gpus=1, node_name="n1"))
+    state.put_podgroup(podgroup("pg-d"))
+    deleting = pod_json("d", group="pg-d", gpus=1, node_name="n1")
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:30Z"
+    state.put_pod(decoded(pods.decode, deleting))
+    builder = SnapshotBuilder(state)
+
+    def leaving() -> dict[str, bool]:
+        groups = builder.build(NOW).snapshot.groups
+        return {str(p.name): p.leaving for g in groups.values() for p in g.members}
+
+    assert leaving() == {"a": False, "d": True}
+    state.mark_evicting("uid-a", True)  # the dispatcher asked; the watch has not shown a deletion yet
+    assert leaving() == {"a": True, "d": True}
+    state.mark_evicting("uid-a", False)  # the API refused: a victim again
+    assert leaving() == {"a": False, "d": True}
+
+
 def test_an_invalid_gpu_annotation_is_reported_and_keeps_the_pod_out_without_touching_others() -> None:
     state = seeded_state()
     state.put_podgroup(podgroup("pg-bad"))
