@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
-import signal
 import sys
 import urllib.error
 import urllib.request
@@ -25,6 +23,7 @@ from typing import Final
 
 from common import clusterspec, logs
 from common.natsserver import NatsServer, free_port
+from quotient.bench import children
 from quotient.emulator.emulator import Emulator, EmulatorConfig
 from quotient.emulator.kubelets import KubeletConfig
 from quotient.nodes import EmulatedNodes
@@ -39,12 +38,6 @@ STALE_FLOOR: Final = "2s"
 STALE_GANG_GRACE: Final = "10s"
 """The scheduler evicts a gang that stays below minMember this long; the run's gang grace (30 s) is longer."""
 _STOP_GRACE_S: Final = 10.0
-_PR_SET_PDEATHSIG: Final = 1
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
 
 
 class SchedulerProcess:
@@ -85,7 +78,7 @@ class SchedulerProcess:
                 stderr=asyncio.subprocess.STDOUT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
                 start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                preexec_fn=children.die_with_parent(),
             )
 
     async def kill(self) -> None:

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import json
 import os
-import signal
 import sys
 import time
 import urllib.request
@@ -24,6 +22,7 @@ from typing import Any, Final
 
 from common import logs
 from common.natsserver import free_port
+from quotient.bench import children
 from quotient.bench import kai_scale_world as world
 from scheduler.kube import client, kubeapi
 from scheduler.kube.errors import KubeError
@@ -33,13 +32,7 @@ log = logs.get("bench.kai_scale")
 CREATE_CONCURRENCY: Final = 32
 """Creates in flight at once (KAI's test starts a goroutine per Job; the API server's own limits bound it)."""
 _STOP_GRACE_S: Final = 10.0
-_PR_SET_PDEATHSIG: Final = 1
 WATCH_TIMEOUT_S: Final = 300
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
 
 
 METRICS: Final = {
@@ -97,7 +90,7 @@ class Child:
                 stderr=log_file if read_stdout else asyncio.subprocess.STDOUT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
                 start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                preexec_fn=children.die_with_parent(),
             )
 
     @property
