@@ -12,6 +12,7 @@ slots, so its cost does not grow with the number of nodes, which is what makes t
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 
 from scheduler.placement import capacity, devices, model, nodework, shapes
 
@@ -98,53 +99,27 @@ def find_share(
     counts = sorted(
         {count for cls in eligible for count, bucket in classes[cls].shared.items() if bucket}, reverse=spread
     )
+
+    def takes(entry: tuple[int, int, int]) -> bool:
+        work = by_order[entry[1]]
+        return (
+            work.fits_basics(shape.milli_cpu, shape.memory_bytes, shape.pods)
+            and work.model_allowed(entry[2], models)
+            and ((plain and not work.modes) or work.joinable(entry[2], mode))
+        )
+
     for count in counts:
+        buckets = [bucket for cls in eligible if (bucket := classes[cls].shared.get(count))]
         # 1. A shared device left with nothing, or with a remainder some pending pod asks for, smallest first.
         for remainder in (0, *demanded):
             target = milli + remainder
             if target > devices.FULL:
                 break
-            best: tuple[int, int, int] | None = None
-            for cls in eligible:
-                bucket = classes[cls].shared.get(count)
-                if not bucket:
-                    continue
-                position = bisect.bisect_left(bucket, (target, -1, -1))
-                while position < len(bucket) and bucket[position][0] == target:
-                    entry = bucket[position]
-                    position += 1
-                    if best is not None and entry >= best:
-                        break
-                    work = by_order[entry[1]]
-                    if (
-                        work.fits_basics(shape.milli_cpu, shape.memory_bytes, shape.pods)
-                        and work.model_allowed(entry[2], models)
-                        and ((plain and not work.modes) or work.joinable(entry[2], mode))
-                    ):
-                        best = entry
-                        break
+            best = _first_taken(buckets, target, takes, exact=True)
             if best is not None:
                 return shapes.Choice(work=by_order[best[1]], devices=(best[2],), share_milli=(milli,))
         # 2. The tightest shared device with room on these nodes.
-        best = None
-        for cls in eligible:
-            bucket = classes[cls].shared.get(count)
-            if not bucket:
-                continue
-            position = bisect.bisect_left(bucket, (milli, -1, -1))
-            while position < len(bucket):
-                entry = bucket[position]
-                position += 1
-                if best is not None and entry >= best:
-                    break
-                work = by_order[entry[1]]
-                if (
-                    work.fits_basics(shape.milli_cpu, shape.memory_bytes, shape.pods)
-                    and work.model_allowed(entry[2], models)
-                    and ((plain and not work.modes) or work.joinable(entry[2], mode))
-                ):
-                    best = entry
-                    break
+        best = _first_taken(buckets, milli, takes, exact=False)
         if best is not None:
             return shapes.Choice(work=by_order[best[1]], devices=(best[2],), share_milli=(milli,))
     # 3. Open a new group on a free device of the node with the fewest (spread: most) free devices (one more slot).
@@ -167,6 +142,30 @@ def find_share(
         if found is not None:
             return found
     return None
+
+
+def _first_taken(
+    buckets: list[list[tuple[int, int, int]]],
+    free_milli: int,
+    takes: Callable[[tuple[int, int, int]], bool],
+    *,
+    exact: bool,
+) -> tuple[int, int, int] | None:
+    """The smallest (free share, node order, device) entry of the buckets that ``takes`` accepts, from ``free_milli``
+    up (``exact``: with exactly that free share). Each bucket is sorted, so it is walked only until its first taker or
+    past the best so far."""
+    best: tuple[int, int, int] | None = None
+    for bucket in buckets:
+        position = bisect.bisect_left(bucket, (free_milli, -1, -1))
+        while position < len(bucket) and (not exact or bucket[position][0] == free_milli):
+            entry = bucket[position]
+            position += 1
+            if best is not None and entry >= best:
+                break
+            if takes(entry):
+                best = entry
+                break
+    return best
 
 
 def _first_free_device(work: nodework.NodeWork, milli: int, models: tuple[str, ...]) -> int | None:
