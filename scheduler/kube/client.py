@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import re
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from pathlib import Path
@@ -67,6 +68,22 @@ CONNECT_TIMEOUT_S = 10.0
 _ALREADY_ASSIGNED = re.compile(r'already assigned to node "([^"]+)"')
 
 
+def _no_kubeconfig(path: str | Path | None) -> str | None:
+    """Why no kubeconfig can be read (None when one of its files exists): ``path``, else ``$KUBECONFIG``'s list,
+    else ``~/.kube/config``. The client library would say "Invalid kube-config file" for a file that is not there."""
+    if path is not None:
+        files = [str(path)]
+    else:
+        listed = [item for item in os.environ.get("KUBECONFIG", "").split(os.pathsep) if item]
+        files = listed or [str(Path("~/.kube/config").expanduser())]
+    if any(Path(file).is_file() for file in files):
+        return None
+    return (
+        f"--kubeconfig: no kubeconfig file found (looked for {', '.join(files)}); give --kubeconfig FILE, set "
+        "$KUBECONFIG, or name the API server with --kube-server URL"
+    )
+
+
 class KubeClient:
     """:class:`KubeApi` over ``kubernetes.aio``. Make one with a ``for_*``/``from_*`` constructor; ``close`` it."""
 
@@ -101,6 +118,9 @@ class KubeClient:
         cls, path: str | Path | None, *, context: str | None = None, request_timeout_s: float = 30.0
     ) -> KubeClient:
         """``path`` None: ``$KUBECONFIG`` (its files merged, as kubectl does), else ``~/.kube/config``."""
+        missing = _no_kubeconfig(path)
+        if missing is not None:
+            raise ConfigError(missing)
         configuration = k8s.Configuration()
         try:
             await k8s_config.load_kube_config(  # type: ignore[no-untyped-call]

@@ -20,6 +20,7 @@ import pytest
 from aiohttp import web
 
 from common import clusterspec
+from common.errors import ConfigError
 from quotient.emulator.emulator import Emulator
 from quotient.emulator.faults import Fault
 from scheduler.kube import events, kubeapi, leases, watches
@@ -58,6 +59,17 @@ async def test_a_kubeconfig_file_for_the_emulator_works_as_for_a_cluster(emulato
         nodes = await kube.list(kubeapi.NODES)
 
     assert [n["metadata"]["name"] for n in nodes.items] == ["gpu-0"]
+
+
+async def test_a_kubeconfig_that_is_not_there_is_said_so_with_where_it_was_looked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = tmp_path / "nowhere"
+    with pytest.raises(ConfigError, match=f"no kubeconfig file found \\(looked for {missing}\\)"):
+        await KubeClient.from_kubeconfig(missing)
+    monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'a'}:{tmp_path / 'b'}")
+    with pytest.raises(ConfigError, match="--kube-server URL"):
+        await KubeClient.from_kubeconfig(None)
 
 
 async def test_a_list_reads_every_page_and_gives_the_first_pages_version() -> None:
