@@ -14,8 +14,10 @@ endpoints (``/healthz``, ``/routez``, ``/connz``), which the cluster helper read
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -96,7 +98,9 @@ class NatsServer:
     jetstream: bool = True
     workdir: Path | None = None
     tls: natstls.TlsFiles | None = None
-    server_name: str = "quotient-embedded"
+    server_name: str = dataclasses.field(default_factory=lambda: f"quotient-embedded-{secrets.token_hex(4)}")
+    """Unique by default: readiness is this name in the INFO on the port, so a port that someone else took between
+    ``free_port`` and the bind (another test's server, say) is never mistaken for ours."""
     cluster: ClusterRoutes | None = None
     monitor_port: int = 0
     env: Mapping[str, str] | None = None
@@ -181,10 +185,12 @@ class NatsServer:
                 raise NatsServerError(f"nats-server exited with {self._process.returncode}: {self.log_tail()}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
-                    if sock.recv(4096).startswith(b"INFO "):
-                        return
+                    answer = _info_server_name(sock.recv(4096))
             except OSError:
-                pass
+                answer = None
+            if answer == self.server_name:
+                return
+            # Nothing yet, or another server on the port: then ours exits (address in use) and says so above.
             time.sleep(0.02)
         self.stop()
         raise NatsServerError(f"nats-server did not answer on port {self.port} within {timeout_s}s")
@@ -239,3 +245,16 @@ class NatsServer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def _info_server_name(greeting: bytes) -> str | None:
+    """The ``server_name`` in a NATS server's first line (``INFO {json}``); None for anything else."""
+    line, _, _ = greeting.partition(b"\r\n")
+    if not line.startswith(b"INFO "):
+        return None
+    try:
+        info = json.loads(line[5:])
+    except ValueError:
+        return None
+    name = info.get("server_name") if isinstance(info, dict) else None
+    return name if isinstance(name, str) else None

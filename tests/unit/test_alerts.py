@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from common import subjects, wire
@@ -172,7 +173,13 @@ async def test_a_subscriber_of_the_alert_subject_receives_the_alert_with_names_a
         )
         assert sink.counters.dropped == 0, sink.counters
         await publisher.flush()
-        subject, alert = await asyncio.wait_for(received.get(), timeout=15)
+        try:
+            subject, alert = await asyncio.wait_for(received.get(), timeout=15)
+        except TimeoutError:
+            pytest.fail(
+                f"published, not received: publisher {publisher.counters}, reader {reader.counters}, "
+                f"server {nats_server.running=}: {nats_server.log_tail()}"
+            )
     finally:
         runner.cancel()
         await publisher.close()
