@@ -200,25 +200,30 @@ def test_reclaim_never_pushes_a_queue_below_its_deserved_quota(
         for group, pod in members.values()
         if pod.phase is model.PodPhase.RUNNING
     ]
-    # The reclaim phase starts from what runs plus what allocate placed (consolidation moves change no usage).
+
+    def nominated(reason: status.Reason) -> list[tuple[model.PodUid, model.Group, Resources]]:
+        waiting = {group_id for group_id, state in result.statuses.items() if state.reason is reason}
+        return [
+            (nomination.pod, members[nomination.pod][0], _placed(members[nomination.pod][1], nomination))
+            for nomination in result.nominations
+            if nomination.group in waiting
+        ]
+
+    # The reclaim phase starts from what runs, what allocate placed and what consolidation made room for (its moves
+    # change no usage; the group it made room for holds what it was nominated to, and reclaim may take from that
+    # group's running pods against it).
     start = running + [
         (placement.pod, members[placement.pod][0], _placed(members[placement.pod][1], placement))
         for placement in result.placements
     ]
+    start += nominated(status.Reason.WAITING_FOR_CONSOLIDATION)
     reclaimed = {
         eviction.pod
         for eviction in result.evictions
         if eviction.reason is decisions.EvictionReason.RECLAIM and eviction.moved_to is None
     }
-    beneficiaries = {
-        group_id for group_id, state in result.statuses.items() if state.reason is status.Reason.WAITING_FOR_RECLAIM
-    }
     end = [entry for entry in start if entry[0] not in reclaimed]
-    end += [
-        (nomination.pod, members[nomination.pod][0], _placed(members[nomination.pod][1], nomination))
-        for nomination in result.nominations
-        if nomination.group in beneficiaries
-    ]
+    end += nominated(status.Reason.WAITING_FOR_RECLAIM)
     before = _usage(tree, [(group, amounts) for _, group, amounts in start])
     after = _usage(tree, [(group, amounts) for _, group, amounts in end])
     for name, share in result.queues.items():
