@@ -41,6 +41,8 @@ searcher takes the rare pod that needs more node by node."""
 _IDLE_LOOKS = 64
 # The log of nodes that gained room starts afresh past this many entries (every "fits nowhere" verdict then expires).
 _GROWN_LIMIT = 100_000
+# The log of looks that came to have nodes starts afresh past this many entries (every ranking then starts afresh).
+_LOOK_LOG_LIMIT = 200_000
 
 LookBest = tuple[int, tuple[int, ...], tuple[int, ...]]
 """The searcher's answer for one look and one pod shape: the best score, its devices, the share taken on each."""
@@ -58,6 +60,7 @@ class Look:
 
     __slots__ = (
         "best",
+        "cls",
         "epoch",
         "free_cpu",
         "free_mem",
@@ -71,6 +74,7 @@ class Look:
 
     def __init__(self, work: nodework.NodeWork, key: tuple[object, ...]) -> None:
         self.key = key
+        self.cls = work.cls
         self.members: list[int] = []
         self.free_cpu = work.free_cpu
         self.free_mem = work.free_mem
@@ -137,6 +141,10 @@ class Capacity:
         snapshot. Placements only take room, so a pod that fitted nowhere can fit only on a node logged since."""
         self.generation = 0
         """Bumped when the log starts afresh (nodes rebuilt, or the log grew long): older positions mean nothing."""
+        self.look_log: list[Look] = []
+        """Every look that came to have nodes (new, or back from idle), in order: what ``lookrank`` heaps read."""
+        self.look_generation = 0
+        """Bumped when ``look_log`` starts afresh (nodes rebuilt, or the log grew long)."""
         self._noted_depth = -1
         """The deepest point of the undo log at which a search found nothing since the last rollback past it."""
 
@@ -174,6 +182,8 @@ class Capacity:
     def _rebuild(self, nodes: Mapping[model.NodeName, model.Node], margin_bytes: int) -> None:
         self.generation += 1
         self.grown = []
+        self.look_generation += 1
+        self.look_log = []
         self._margin_bytes = margin_bytes
         self.structure_version += 1
         self.state_version += 1
@@ -262,6 +272,11 @@ class Capacity:
         if look is None:
             look = index.idle.pop(key, None) or Look(work, key)
             index.looks[key] = look
+            log = self.look_log
+            if len(log) >= _LOOK_LOG_LIMIT:
+                self.look_generation += 1
+                self.look_log = log = []
+            log.append(look)
         bisect.insort(look.members, work.order)
         self.look_of[work.order] = look
 

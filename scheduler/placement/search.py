@@ -11,7 +11,9 @@ Two paths give the same answer for the built-in scorers (a property test holds t
   devices, gpu-memory shares, shares that name GPU models): every distinct *look* of the eligible classes
   (``capacity.Look``: nodes that the filters, the device choice and the scorer cannot tell apart) is scored once,
   and its answer kept on the look for the next pod of the same shape, so the cost follows the number of distinct
-  node states, not of nodes, and a node state is never hashed during a search. A pod that needs more pod slots than
+  node states, not of nodes, and a node state is never hashed during a search. The looks are kept ranked by score
+  per shape (``lookrank``), so the next pod of a shape reads the best looks and the looks that changed since, not
+  every look. A pod that needs more pod slots than
   a look records goes node by node (``group_alike`` off does the same for every pod: the reference the tests hold
   the grouped search to).
 
@@ -26,7 +28,7 @@ import bisect
 import itertools
 from collections.abc import Iterable, Sequence
 
-from scheduler.placement import capacity, filters, indexed, model, nodework, scoring, shapes
+from scheduler.placement import capacity, filters, indexed, lookrank, model, nodework, scoring, shapes
 
 _MEMO_LIMIT = 500_000
 # Pod shapes are numbered for the looks' caches; past this many the numbering (and every cache) starts afresh.
@@ -49,6 +51,7 @@ class Searcher:
         self._ever: dict[shapes.Shape, bool] = {}
         self._offered: dict[filters.Constraints, int] = {}
         self._shape_ids: dict[shapes.Shape, int] = {}
+        self._ranks = lookrank.LookRanks()
         self._epoch = 0
         """Bumped when the scorers or the shape numbering change: what the looks cached before is void."""
         self.group_alike = True
@@ -230,36 +233,13 @@ class Searcher:
         top_score = 0
         top: list[tuple[int, Sequence[int], capacity.LookBest]] = []
         if self.group_alike and shape.pods + (share.devices if share is not None else 0) <= capacity.LOOK_POD_SLOTS:
-            shape_id = self._shape_id(shape)
-            epoch = self._epoch
-            cpu, memory, pods, whole = shape.milli_cpu, shape.memory_bytes, shape.pods, shape.whole_gpus
-            milli = share.milli_gpu if share is not None else 0
-            for cls in eligible:
-                for look in classes[cls].looks.values():
-                    members = look.members
-                    if (
-                        look.free_cpu < cpu
-                        or look.free_mem < memory
-                        or look.free_pods < pods
-                        or look.whole_count < whole
-                        or look.most_share < milli
-                    ):
-                        continue
-                    known = look.best
-                    if look.epoch != epoch:
-                        known.clear()
-                        look.epoch = epoch
-                    found = known.get(shape_id)
-                    if found is None:
-                        work = by_order[members[0]]
-                        found = known[shape_id] = _best_on(work, look, shape, scorer, fixed_request) or _NOWHERE
-                    if found is _NOWHERE:
-                        continue
-                    if not top or found[0] > top_score:
-                        top_score = found[0]
-                        top = [(members[0], members, found)]
-                    elif found[0] == top_score:
-                        top.append((members[0], members, found))
+            top = self._ranks.best(
+                self.capacity,
+                self._shape_id(shape),
+                eligible,
+                self._look_scorer(shape, scorer, fixed_request),
+                epoch=self._epoch,
+            )
         else:
             look_of = self.capacity.look_of
             for cls in eligible:
@@ -291,6 +271,38 @@ class Searcher:
             if first <= order <= nodes[-1] and nodes[bisect.bisect_left(nodes, order)] == order:
                 return shapes.Choice(work=by_order[order], devices=chosen, share_milli=share_milli)
         raise RuntimeError(f"tied node {order} belongs to no candidate")
+
+    def _look_scorer(
+        self, shape: shapes.Shape, scorer: scoring.GpuPlacementScorer, fixed_request: scoring.GpuRequest
+    ) -> lookrank.Scored:
+        """A look's answer for ``shape`` (kept on the look for the next search of the shape), None where it cannot
+        take the pod; the quick rejections read what the look copied from its nodes."""
+        shape_id = self._shape_id(shape)
+        epoch = self._epoch
+        by_order = self.capacity.by_order
+        cpu, memory, pods, whole = shape.milli_cpu, shape.memory_bytes, shape.pods, shape.whole_gpus
+        milli = shape.share.milli_gpu if shape.share is not None else 0
+
+        def scored(look: capacity.Look) -> capacity.LookBest | None:
+            if (
+                look.free_cpu < cpu
+                or look.free_mem < memory
+                or look.free_pods < pods
+                or look.whole_count < whole
+                or look.most_share < milli
+            ):
+                return None
+            known = look.best
+            if look.epoch != epoch:
+                known.clear()
+                look.epoch = epoch
+            found = known.get(shape_id)
+            if found is None:
+                work = by_order[look.members[0]]
+                found = known[shape_id] = _best_on(work, look, shape, scorer, fixed_request) or _NOWHERE
+            return None if found is _NOWHERE else found
+
+        return scored
 
     def _shape_id(self, shape: shapes.Shape) -> int:
         found = self._shape_ids.get(shape)

@@ -96,11 +96,16 @@ def _waves(draw: st.DrawFn) -> tuple[list[model.Node], list[list[model.Group]]]:
 
 
 def _replay(
-    nodes: list[model.Node], waves: list[list[model.Group]], *, scorer: scoring.GpuPlacementScorer, by_look: bool
+    nodes: list[model.Node],
+    waves: list[list[model.Group]],
+    *,
+    scorer: scoring.GpuPlacementScorer | None,
+    by_look: bool,
+    strategy: model.Strategy = model.Strategy.BINPACK,
 ) -> list[tuple[decisions.Placement, ...]]:
     warm = engine.Engine()
     warm.searcher.group_alike = by_look
-    config = model.Config(scorer=scorer, actions=(model.Action.ALLOCATE,))
+    config = model.Config(scorer=scorer, gpu_strategy=strategy, actions=(model.Action.ALLOCATE,))
     snapshot = model.snapshot(nodes=nodes, queues=builders.open_queues(), groups=[], now_ns=0, config=config)
     placements: list[tuple[decisions.Placement, ...]] = []
     for groups in waves:
@@ -119,6 +124,19 @@ def test_scoring_each_look_once_places_exactly_as_scoring_every_node(
     nodes, waves = case
     got = _replay(nodes, waves, scorer=_Drawing(3) if drawing else _Coarse(), by_look=True)
     want = _replay(nodes, waves, scorer=_Drawing(3) if drawing else _Coarse(), by_look=False)
+    assert got == want
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_waves())
+def test_the_learned_fragmentation_scorer_places_by_ranked_looks_exactly_as_node_by_node(
+    case: tuple[list[model.Node], list[list[model.Group]]],
+) -> None:
+    # The default strategy: from the second wave on it scores with what it learned, through the looks' ranking.
+    nodes, waves = case
+    fragmentation = model.Strategy.FRAGMENTATION
+    got = _replay(nodes, waves, scorer=None, by_look=True, strategy=fragmentation)
+    want = _replay(nodes, waves, scorer=None, by_look=False, strategy=fragmentation)
     assert got == want
 
 
