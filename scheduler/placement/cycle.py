@@ -42,6 +42,7 @@ from scheduler.placement import (
     shapes,
     signatures,
     status,
+    victims,
     walk,
 )
 
@@ -71,10 +72,12 @@ class Cycle:
         offered: Resources,
         never_key: tuple[int, int],
         orphans: frozenset[model.QueueName] = frozenset(),
+        victim_units: victims.UnitCache | None = None,
     ) -> None:
         """``offered`` is what the cluster offers our queues; ``never_key`` what a ``NeverFits`` verdict depends on
         (the nodes' and the queues' versions); ``orphans`` the queues that groups name but that do not exist (in
-        ``tree`` as roots with nothing deserved: their pods may be reclaimed, new ones wait)."""
+        ``tree`` as roots with nothing deserved: their pods may be reclaimed, new ones wait); ``victim_units`` the
+        engine's cache of running groups' eviction units (a fresh one when not given)."""
         self.snapshot = snapshot
         self.draft = draft
         self.tree = tree
@@ -89,6 +92,7 @@ class Cycle:
         """Running pods already leaving, by node (built on first use)."""
         self.pod_shapes: dict[model.PodUid, shapes.Shape] = {}
         self.orphans = orphans
+        self.victim_units = victim_units or victims.UnitCache()
         pending = set(groups.pending_queues())
         self.leaves = [
             name for name in tree.depth_first() if tree.is_leaf(name) and name in pending and name not in orphans
@@ -310,6 +314,7 @@ class Cycle:
             tree=self.tree,
             shares=self.shares,
             running=self.roster.running_groups(),
+            units=self.victim_units,
         )
         return self.scene
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from common.resources import Resources
-from scheduler.placement import capacity, cycle, fairshare, learning, model, plan, roster, search
+from scheduler.placement import capacity, cycle, fairshare, learning, model, plan, roster, search, victims
 
 
 class Engine:
@@ -42,6 +42,7 @@ class Engine:
         self._capacity = capacity.Capacity()
         self.searcher = search.Searcher(self._capacity)
         self._roster = roster.Roster()
+        self._victim_units = victims.UnitCache()
         self._queues: tuple[Mapping[model.QueueName, model.Queue], frozenset[model.QueueName]] | None = None
         self._orphans: frozenset[model.QueueName] = frozenset()
         self._queue_version = 0
@@ -88,6 +89,7 @@ class Engine:
             offered=self._offered,
             never_key=(cap.structure_version, self._queue_version),
             orphans=self._orphans,
+            victim_units=self._victim_units,
         )
         result = work.run()
         self._last = (self._inputs(snapshot, learned), snapshot.now_ns if work.clock_matters else None, result)

@@ -15,7 +15,7 @@ import collections
 import dataclasses
 from collections.abc import Iterable, Sequence
 
-from scheduler.placement import devices, model, nodework, search, shapes
+from scheduler.placement import capacity, devices, model, nodework, search, shapes
 
 
 @dataclasses.dataclass(slots=True)
@@ -98,6 +98,7 @@ class Room:
         self._wanted = list(needed.items())
         self._eligible = [frozenset(searcher.eligible(shape.constraints)) for shape in needed]
         self._classes = frozenset(cls for classes in self._eligible for cls in classes)
+        self._short_by_look: dict[tuple[capacity.Look | None, int], list[tuple[shapes.Shape, int, int]]] = {}
 
     def nodes_of(self, pods: Iterable[model.Pod]) -> list[model.NodeName]:
         """The nodes of ``pods`` that some pod of the minimum may use, in first-seen order."""
@@ -111,40 +112,51 @@ class Room:
                 found.append(name)
         return found
 
-    def _short(self, name: model.NodeName) -> list[tuple[nodework.NodeWork, shapes.Shape, int]]:
-        """The shapes the node lacks room for (it holds fewer of them than the minimum has), with that count."""
+    def _short(self, name: model.NodeName) -> tuple[nodework.NodeWork, list[tuple[shapes.Shape, int, int]]]:
+        """The node, and the shapes it lacks room for (it holds fewer of them than the minimum has): each with that
+        minimum count and the count it holds now. Kept per look and free pod slots (a look counts slots only up to
+        ``capacity.LOOK_POD_SLOTS``, a minimum may need more), which also tells when the node changed: it is then
+        filed under another look."""
         work = self._capacity.by_name[name]
-        now = free_after(work, ())
-        found: list[tuple[nodework.NodeWork, shapes.Shape, int]] = []
-        for (shape, needed), classes in zip(self._wanted, self._eligible, strict=True):
-            if work.cls in classes:
-                count = pods_that_fit(work, now, shape, needed)
-                if count < needed:
-                    found.append((work, shape, needed))
-        return found
+        look = self._capacity.look_of[work.order]
+        key = (look, work.free_pods)
+        found = self._short_by_look.get(key) if look is not None else None
+        if found is None:
+            now = free_after(work, ())
+            found = []
+            for (shape, needed), classes in zip(self._wanted, self._eligible, strict=True):
+                if work.cls in classes:
+                    count = pods_that_fit(work, now, shape, needed)
+                    if count < needed:
+                        found.append((shape, needed, count))
+            if look is not None:
+                self._short_by_look[key] = found
+        return work, found
 
     def helps(self, name: model.NodeName, pooled: Sequence[model.Pod], pods: Sequence[model.Pod]) -> bool:
         """Do ``pods`` free something the node is short of for one more pod of the minimum, ``pooled`` gone?"""
+        work, short = self._short(name)
+        if not short:
+            return False
         on_node = [pod for pod in pods if pod.node == name]
-        for work, shape, needed in self._short(name):
-            free = free_after(work, [pod for pod in pooled if pod.node == name])
+        free = free_after(work, [pod for pod in pooled if pod.node == name])
+        for shape, needed, _ in short:
             target = pods_that_fit(work, free, shape, needed) + 1
             if _gpu_fit(work, free, shape, target) < target and any(pod.devices for pod in on_node):
                 return True
-            short = (
+            short_of = (
                 (free.cpu < target * shape.milli_cpu, sum(pod.requests.milli_cpu for pod in on_node)),
                 (free.memory < target * shape.memory_bytes, sum(pod.requests.memory_bytes for pod in on_node)),
                 (free.slots < target * shape.pods, len(on_node)),
             )
-            if any(lacking and given > 0 for lacking, given in short):
+            if any(lacking and given > 0 for lacking, given in short_of):
                 return True
         return False
 
     def gains(self, name: model.NodeName, leaving: Sequence[model.Pod]) -> bool:
         """Would the node hold more pods of the minimum once ``leaving`` are gone?"""
-        for work, shape, needed in self._short(name):
-            before = pods_that_fit(work, free_after(work, ()), shape, needed)
-            after = pods_that_fit(work, free_after(work, [pod for pod in leaving if pod.node == name]), shape, needed)
-            if after > before:
-                return True
-        return False
+        work, short = self._short(name)
+        if not short:
+            return False
+        free = free_after(work, [pod for pod in leaving if pod.node == name])
+        return any(pods_that_fit(work, free, shape, needed) > before for shape, needed, before in short)

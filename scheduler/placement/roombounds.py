@@ -59,8 +59,10 @@ def limits(wanted: Sequence[shapes.Shape]) -> tuple[int, int]:
 class VictimLists:
     """Victim units per key (an action's candidates), sorted once per cycle, each walked from its first live unit."""
 
-    def __init__(self, draft: plan.Draft) -> None:
+    def __init__(self, draft: plan.Draft, units: victims.UnitCache) -> None:
         self._draft = draft
+        self._units = units
+        units.new_cycle()
         self._sorted: dict[object, list[victims.Unit]] = {}
         self._live_from: dict[object, tuple[int, int, decisions.Eviction | None]] = {}
 
@@ -70,7 +72,7 @@ class VictimLists:
         found = self._sorted.get(key)
         if found is None:
             found = sorted(
-                (unit for group in groups() if group.preemptible for unit in victims.units(group, ())),
+                (unit for group in groups() if group.preemptible for unit in self._units.units(group)),
                 key=lambda unit: unit.order_key,
             )
             self._sorted[key] = found

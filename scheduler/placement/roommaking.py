@@ -67,6 +67,8 @@ class Scene:
     shares: Mapping[model.QueueName, fairshare.Share]
     running: Mapping[model.QueueName, Sequence[model.Group]]
     """Groups with running members, per leaf queue, in id order."""
+    units: victims.UnitCache
+    """The engine's cache of running groups' eviction units (kept across cycles)."""
     clock_matters: bool = False
     """Set when a decision depended on the time: a victim too young, a stale gang within its grace."""
     wake_ns: int | None = None
@@ -75,7 +77,7 @@ class Scene:
     _failures: dict[tuple[object, ...], int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self._victims = roombounds.VictimLists(self.draft)
+        self._victims = roombounds.VictimLists(self.draft, self.units)
 
     def candidates(self, key: object, groups: Callable[[], list[model.Group]]) -> Iterator[victims.Unit]:
         """The victim units of ``groups`` (preemptible ones only) in victim order, sorted once per cycle, from the

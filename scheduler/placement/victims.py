@@ -39,21 +39,8 @@ class Unit:
     extra: bool = False
     """A part the gang keeps running without (one elastic pod, or a whole subgroup beyond its parent's minimum):
     checked again by ``can_take``."""
-
-    @property
-    def order_key(self) -> tuple[int, int, int, int, int, str, str]:
-        # Reverse task order for a one-pod unit; a larger unit is a part of the gang or all of it, where no one
-        # pod's task priority speaks for the rest.
-        task = -self.pods[0].task_order if len(self.pods) == 1 else -model.UNLABELLED_TASK
-        return (
-            self.group.priority,
-            len(self.pods),
-            task,
-            self.amounts.milli_gpu,
-            -self.youngest_started_ns,
-            self.group.id,
-            self.pods[0].uid,
-        )
+    order_key: tuple[int, int, int, int, int, str, str]
+    """Where the unit stands in victim order (``_order_key``), computed once: a full cluster sorts its units often."""
 
 
 def started(pod: model.Pod) -> int:
@@ -61,13 +48,56 @@ def started(pod: model.Pod) -> int:
 
 
 def _unit(group: model.Group, pods: Sequence[model.Pod], *, extra: bool) -> Unit:
+    amounts = sum((plan.pod_amounts(pod) for pod in pods), model.ZERO)
+    youngest = max(started(pod) for pod in pods)
     return Unit(
         group=group,
         pods=tuple(pods),
-        amounts=sum((plan.pod_amounts(pod) for pod in pods), model.ZERO),
-        youngest_started_ns=max(started(pod) for pod in pods),
+        amounts=amounts,
+        youngest_started_ns=youngest,
         extra=extra,
+        order_key=_order_key(group, pods, amounts, youngest),
     )
+
+
+def _order_key(
+    group: model.Group, pods: Sequence[model.Pod], amounts: Resources, youngest_started_ns: int
+) -> tuple[int, int, int, int, int, str, str]:
+    # Reverse task order for a one-pod unit; a larger unit is a part of the gang or all of it, where no one
+    # pod's task priority speaks for the rest.
+    task = -pods[0].task_order if len(pods) == 1 else -model.UNLABELLED_TASK
+    return (group.priority, len(pods), task, amounts.milli_gpu, -youngest_started_ns, group.id, pods[0].uid)
+
+
+class UnitCache:
+    """Each running group's eviction units before any eviction (``units(group, ())``), kept from cycle to cycle while
+    the group's object stays the same: a full cluster's room-making sorts the units of thousands of running groups
+    every cycle, and few of them changed since the last.
+
+    The engine keeps one for its life; a cycle calls ``new_cycle`` first, which forgets the groups no cycle asked
+    about since the one before (gone, or no longer running), so it holds about what runs."""
+
+    def __init__(self) -> None:
+        self._known: dict[model.GroupId, tuple[model.Group, tuple[Unit, ...], int]] = {}
+        self._cycle = 0
+
+    def new_cycle(self) -> None:
+        self._cycle += 1
+        known = self._known
+        if len(known) > 1024:
+            recent = self._cycle - 2
+            self._known = {key: entry for key, entry in known.items() if entry[2] >= recent}
+
+    def units(self, group: model.Group) -> tuple[Unit, ...]:
+        """``units(group, ())``, from the cache while ``group`` is the object it was computed for."""
+        known = self._known.get(group.id)
+        if known is not None and known[0] is group:
+            if known[2] != self._cycle:
+                self._known[group.id] = (group, known[1], self._cycle)
+            return known[1]
+        found = tuple(units(group, ()))
+        self._known[group.id] = (group, found, self._cycle)
+        return found
 
 
 def units(group: model.Group, evicted: Container[model.PodUid]) -> list[Unit]:
