@@ -69,6 +69,30 @@ class LookRanks:
 
         ``scored`` must give the same answer for a look for as long as ``epoch``, the classes and the log stay.
         """
+        return self._top(self._heap(cap, shape_id, eligible, scored, epoch=epoch))
+
+    def any(
+        self,
+        cap: capacity.Capacity,
+        shape_id: int,
+        eligible: tuple[int, ...],
+        scored: Scored,
+        *,
+        epoch: int,
+    ) -> bool:
+        """Does some live look take the shape (``best`` is not empty)? Asked to know whether a pod could move."""
+        return self._drop_gone(self._heap(cap, shape_id, eligible, scored, epoch=epoch))
+
+    def _heap(
+        self,
+        cap: capacity.Capacity,
+        shape_id: int,
+        eligible: tuple[int, ...],
+        scored: Scored,
+        *,
+        epoch: int,
+    ) -> _Heap:
+        """The shape's heap, brought up to date with the looks that came since it was last read."""
         valid_for = (epoch, cap.structure_version, cap.look_generation)
         if valid_for != self._valid_for or self._entries > _ENTRY_LIMIT:
             self._heaps.clear()
@@ -94,7 +118,7 @@ class LookRanks:
                         self._entries += 1
                         heapq.heappush(entries, (-found[0], self._seq, look, found))
             heap.cursor = len(log)
-        return self._top(heap)
+        return heap
 
     def _push(self, heap: _Heap, look: capacity.Look, scored: Scored) -> None:
         found = scored(look)
@@ -103,25 +127,37 @@ class LookRanks:
             self._entries += 1
             heap.entries.append((-found[0], self._seq, look, found))
 
-    def _top(self, heap: _Heap) -> list[Candidate]:
+    def _drop_gone(self, heap: _Heap) -> bool:
+        """Drop gone looks from the top; is a live one left?"""
         entries = heap.entries
-        kept: list[tuple[int, int, capacity.Look, capacity.LookBest]] = []
-        seen: set[int] = set()
-        top: list[Candidate] = []
-        best_key: int | None = None
-        while entries:
-            entry = entries[0]
-            if best_key is not None and entry[0] != best_key:
-                break
+        while entries and not entries[0][2].members:
             heapq.heappop(entries)
-            look = entry[2]
-            if not look.members or id(look) in seen:
-                self._entries -= 1  # gone, or pushed twice (it left and came back): dropped
+            self._entries -= 1
+        return bool(entries)
+
+    def _top(self, heap: _Heap) -> list[Candidate]:
+        """The live looks with the best score: gone looks are dropped from the top until a live one is there, then
+        every entry with its score is found without popping (in a heap they form a subtree around the root)."""
+        if not self._drop_gone(heap):
+            return []
+        entries = heap.entries
+        best = entries[0][0]
+        top: list[Candidate] = []
+        seen: set[int] = set()
+        size = len(entries)
+        stack = [0]
+        while stack:
+            index = stack.pop()
+            entry = entries[index]
+            if entry[0] != best:
                 continue
-            seen.add(id(look))
-            best_key = entry[0]
-            kept.append(entry)
-            top.append((look.members[0], look.members, entry[3]))
-        for entry in kept:
-            heapq.heappush(entries, entry)
+            look = entry[2]
+            if look.members and id(look) not in seen:
+                seen.add(id(look))
+                top.append((look.members[0], look.members, entry[3]))
+            child = 2 * index + 1
+            if child < size:
+                stack.append(child)
+                if child + 1 < size:
+                    stack.append(child + 1)
         return top

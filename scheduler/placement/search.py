@@ -181,20 +181,45 @@ class Searcher:
         A shape that fitted nowhere is searched again only if one of the nodes that may have gained room since
         (``Capacity.grown``) can take it now: in a full cluster with a backlog, most searches are such repeats, and
         an eviction frees room on one node, not on all of them."""
-        nowhere = self._nowhere
+        if self._still_nowhere(shape):
+            return None
+        found = self._find(shape)
+        if found is None:
+            self._note_nowhere(shape)
+        return found
+
+    def fits(self, shape: shapes.Shape) -> bool:
+        """Would ``find`` place a pod of ``shape`` now? Without choosing where: on the scored path any look that
+        takes it answers, not the best one (room-making asks this of every victim it may move)."""
+        if self._still_nowhere(shape):
+            return False
+        eligible = self.eligible(shape.constraints)
+        if not eligible:
+            found = False
+        elif self._scored(shape):
+            found = self._fits_scored(shape, eligible)
+        else:
+            found = self._find_indexed(shape, eligible) is not None
+        if not found:
+            self._note_nowhere(shape)
+        return found
+
+    def _still_nowhere(self, shape: shapes.Shape) -> bool:
+        """Did the shape fit nowhere last time, with none of the nodes that may have gained room since taking it?"""
         cap = self.capacity
-        known = nowhere.get(shape)
+        known = self._nowhere.get(shape)
         if known is not None and known[0] == cap.generation:
             since = set(cap.grown[known[1] :])
             if len(since) <= _RECHECKED_NODES and not self._fits_any(shape, since):
-                nowhere[shape] = cap.nowhere()
-                return None
-        found = self._find(shape)
-        if found is None:
-            if len(nowhere) >= _SHAPE_LIMIT:
-                nowhere.clear()
-            nowhere[shape] = cap.nowhere()
-        return found
+                self._nowhere[shape] = cap.nowhere()
+                return True
+        return False
+
+    def _note_nowhere(self, shape: shapes.Shape) -> None:
+        nowhere = self._nowhere
+        if len(nowhere) >= _SHAPE_LIMIT:
+            nowhere.clear()
+        nowhere[shape] = self.capacity.nowhere()
 
     def _fits_any(self, shape: shapes.Shape, orders: Iterable[int]) -> bool:
         """Could one of these nodes (by order) take a pod of ``shape`` now?"""
@@ -210,18 +235,42 @@ class Searcher:
         eligible = self.eligible(shape.constraints)
         if not eligible:
             return None
+        if self._scored(shape):
+            return self._find_scored(shape, eligible)
+        return self._find_indexed(shape, eligible)
+
+    def _scored(self, shape: shapes.Shape) -> bool:
+        """Does the pod take the scored path (see the module docstring), not an indexed one?"""
         share = shape.share
-        models = shape.constraints.gpu_models
-        if share is None and shape.whole_gpus and self.indexed_whole:
-            return indexed.find_whole(self.capacity, shape, eligible, spread=self.spread_nodes)
+        if share is None and shape.whole_gpus:
+            return not self.indexed_whole
+        if share is None:
+            return not self.indexed_cpu
         # A share that names GPU models takes the scored path: its node order reads the node state as the scorer does.
-        if share is not None and share.milli_gpu and share.devices == 1 and self.indexed_share and not models:
+        return not (share.milli_gpu and share.devices == 1 and self.indexed_share and not shape.constraints.gpu_models)
+
+    def _find_indexed(self, shape: shapes.Shape, eligible: tuple[int, ...]) -> shapes.Choice | None:
+        share = shape.share
+        if share is None and shape.whole_gpus:
+            return indexed.find_whole(self.capacity, shape, eligible, spread=self.spread_nodes)
+        if share is not None:
             return indexed.find_share(
                 self.capacity, shape, share.milli_gpu, eligible, demanded=self.demanded, spread=self.spread_nodes
             )
-        if share is None and not shape.whole_gpus and self.indexed_cpu:
-            return indexed.find_cpu(self.capacity, shape, eligible)
-        return self._find_scored(shape, eligible)
+        return indexed.find_cpu(self.capacity, shape, eligible)
+
+    def _fits_scored(self, shape: shapes.Shape, eligible: tuple[int, ...]) -> bool:
+        share = shape.share
+        if not self.group_alike or shape.pods + (share.devices if share is not None else 0) > capacity.LOOK_POD_SLOTS:
+            return self._find_scored(shape, eligible) is not None
+        scorer = self.scorer if shape.wants_gpu else self.cpu_scorer
+        return self._ranks.any(
+            self.capacity,
+            self._shape_id(shape),
+            eligible,
+            self._look_scorer(shape, scorer, _request(shape, None)),
+            epoch=self._epoch,
+        )
 
     def _find_scored(self, shape: shapes.Shape, eligible: tuple[int, ...]) -> shapes.Choice | None:
         scorer = self.scorer if shape.wants_gpu else self.cpu_scorer

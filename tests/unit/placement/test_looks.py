@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common.resources import Resources
-from scheduler.placement import applying, capacity, decisions, engine, model, scoring
+from scheduler.placement import applying, capacity, decisions, engine, model, scoring, shapes
 from tests.unit.placement import builders
 
 GIB = builders.GIB
@@ -271,3 +271,25 @@ def test_a_scorer_sees_the_models_of_the_devices() -> None:
     snapshot = model.snapshot(nodes=nodes, queues=builders.open_queues(), groups=groups, now_ns=0, config=config)
     assert engine.Engine().run(snapshot).placements
     assert seen == [("T4", "T4")]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_waves(), st.sampled_from([None, "coarse"]), st.sampled_from(list(model.Strategy)))
+def test_whether_a_pod_fits_somewhere_is_answered_as_the_search_would_place_it(
+    case: tuple[list[model.Node], list[list[model.Group]]], scorer_name: str | None, strategy: model.Strategy
+) -> None:
+    # Room-making asks ``fits`` of every victim it may move; it must agree with ``find`` on every path.
+    nodes, waves = case
+    scorer = _Coarse() if scorer_name else None
+    warm = engine.Engine()
+    config = model.Config(scorer=scorer, gpu_strategy=strategy, actions=(model.Action.ALLOCATE,))
+    snapshot = model.snapshot(nodes=nodes, queues=builders.open_queues(), groups=[], now_ns=0, config=config)
+    for groups in waves[:-1]:
+        offered = dataclasses.replace(snapshot, groups={**snapshot.groups, **{group.id: group for group in groups}})
+        snapshot = applying.apply(offered, warm.run(offered))
+    warm.run(snapshot)  # brings the searcher in step with the last state
+    for group in waves[-1]:
+        for pod in group.members:
+            shape = shapes.shape_of(pod)
+            assert warm.searcher.fits(shape) == (warm.searcher.find(shape) is not None), pod
+            assert warm.searcher.fits(shape) == (warm.searcher.find(shape) is not None), pod  # from the caches
