@@ -36,7 +36,15 @@ def reclaim(scene: roommaking.Scene, group: model.Group, pods: Sequence[model.Po
     Returns None when room was made, else why not (in numbers, for the group's status).
     """
     tree = scene.tree
-    rules = reclaimable.Reclaimer(tree=tree, shares=scene.shares, usage=scene.draft.usage, group=group, amounts=amounts)
+    draft = scene.draft
+    rules = reclaimable.Reclaimer(
+        tree=tree,
+        shares=scene.shares,
+        usage=draft.usage,
+        group=group,
+        amounts=amounts,
+        version=lambda: draft.version,
+    )
     if not rules.may_reclaim():
         return rules.refusal
     givers = rules.givers([leaf for leaf in scene.running if leaf != group.queue])

@@ -103,6 +103,7 @@ class Checkpoint:
     placements: int
     evictions: int
     usage: int
+    version: int
 
 
 class Draft:
@@ -117,6 +118,11 @@ class Draft:
         self.placed: dict[model.PodUid, decisions.Placement] = {}
         self.evicted: dict[model.PodUid, decisions.Eviction] = {}
         self._usage_undo: list[tuple[model.QueueName, Resources, bool, int]] = []
+        self.version = 0
+        """Names the draft's state: each placement and eviction gives it a new number, a rollback gives it back the
+        number it had at the checkpoint (the state is the same again). The same version means the same room and
+        usage, so an answer about them may be kept while the version holds."""
+        self._versions = 0
         self._start = cap.checkpoint()
         self._usage_start = (dict(usage.allocated), dict(usage.nonpreemptible))
 
@@ -126,10 +132,12 @@ class Draft:
             placements=len(self.placements),
             evictions=len(self.evictions),
             usage=len(self._usage_undo),
+            version=self.version,
         )
 
     def rollback(self, checkpoint: Checkpoint) -> None:
         """Forget everything placed or evicted after ``checkpoint``."""
+        self.version = checkpoint.version
         self.capacity.rollback(checkpoint.capacity)
         while len(self.placements) > checkpoint.placements:
             self.kinds.pop()
@@ -183,6 +191,8 @@ class Draft:
             gpu_groups=tuple(gpu_groups),
             opens_groups=tuple(opens),
         )
+        self._versions += 1
+        self.version = self._versions
         self.placements.append(placement)
         self.kinds.append(kind)
         self.placed[pod.uid] = placement
@@ -226,6 +236,8 @@ class Draft:
             message=message,
             moved_to=moved_to,
         )
+        self._versions += 1
+        self.version = self._versions
         self.evictions.append(eviction)
         self.evicted[pod.uid] = eviction
         return eviction

@@ -22,7 +22,7 @@ Every refusal is kept as a sentence with the numbers (``Reclaimer.refusal``) for
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 
 from common.resources import Resources
 from scheduler.placement import fairshare, model, plan, status, victims
@@ -47,7 +47,10 @@ class Reclaimer:
         usage: plan.Usage,
         group: model.Group,
         amounts: Resources,
+        version: Callable[[], int] = lambda: 0,
     ) -> None:
+        """``version``: changes whenever ``usage`` does (the draft's ``version``); the floor checks are kept while it
+        stays (the default: ``usage`` never changes while this lives)."""
         self._tree = tree
         self._shares = shares
         self._usage = usage
@@ -57,6 +60,10 @@ class Reclaimer:
         self._asked = tuple(kind for kind in KINDS if fairshare.amount(amounts, kind) > 0)
         self._before = dict(usage.allocated)
         self._sides: dict[model.QueueName, tuple[model.QueueName, model.QueueName] | None] = {}
+        self._version = version
+        self._floors: dict[tuple[model.QueueName, Resources], str | None] = {}
+        self._gives: dict[model.QueueName, bool] = {}
+        self._checked_at = -1
         self.refusal: str | None = None
         """Why the last check refused, in numbers (None when nothing refused)."""
 
@@ -131,7 +138,20 @@ class Reclaimer:
         return found
 
     def eligible(self, unit: victims.Unit) -> bool:
-        return self.may_give(unit.group.queue)
+        """May the unit's queue give now (``may_give``, kept per queue while the draft stays as it is)?"""
+        leaf = unit.group.queue
+        self._forget_if_changed()
+        gives = self._gives.get(leaf)
+        if gives is None:
+            gives = self._gives[leaf] = self.may_give(leaf)
+        return gives
+
+    def _forget_if_changed(self) -> None:
+        version = self._version()
+        if version != self._checked_at:
+            self._floors.clear()
+            self._gives.clear()
+            self._checked_at = version
 
     def keeps_floor(self, unit: victims.Unit, evicted: Container[model.PodUid]) -> bool:
         """Would evicting ``unit`` (and not moving it) keep every queue on its side of the tree at or above its
@@ -139,9 +159,23 @@ class Reclaimer:
 
         The queues below the two paths' meeting point gain nothing from the reclaimer's placement, so a unit that
         fails this check can only be part of a valid reclaim if it is moved: ``validate`` would refuse any plan that
-        evicts it. Asking first saves every attempt built on such a victim."""
-        theirs = self._tree.ancestors(unit.group.queue)
+        evicts it. Asking first saves every attempt built on such a victim. The answer depends on the victim's queue
+        and what it would lose alone, so it is kept per both while the draft stays as it is."""
         amounts = sum((plan.pod_amounts(pod) for pod in victims.live_pods(unit, evicted)), model.ZERO)
+        key = (unit.group.queue, amounts)
+        self._forget_if_changed()
+        floors = self._floors
+        if key in floors:
+            known = floors[key]
+        else:
+            known = floors[key] = self._floor_refusal(unit.group.queue, amounts)
+        if known is not None:
+            self.refusal = known
+        return known is None
+
+    def _floor_refusal(self, leaf: model.QueueName, amounts: Resources) -> str | None:
+        """Why taking ``amounts`` from ``leaf`` would break a floor on its side (None: it would not)."""
+        theirs = self._tree.ancestors(leaf)
         allocated = self._usage.allocated
         for name in theirs:
             if name in self._mine:
@@ -158,12 +192,11 @@ class Reclaimer:
                 floor = min(fairshare.amount(before, kind), fairshare.amount(deserved, kind))
                 left = fairshare.amount(allocated[name], kind) - taken
                 if left < floor:
-                    self.refusal = (
+                    return (
                         f"it would take queue {name} to {_text(kind, left)}, below its deserved quota of "
                         f"{_text(kind, fairshare.amount(deserved, kind))}"
                     )
-                    return False
-        return True
+        return None
 
     # --- within bounds --------------------------------------------------------------------------------------------
 

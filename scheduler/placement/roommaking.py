@@ -75,6 +75,9 @@ class Scene:
     """The earliest time at which such a decision would go the other way (``wake_at``); None: none known."""
     _victims: roombounds.VictimLists = dataclasses.field(init=False)
     _failures: dict[tuple[object, ...], int] = dataclasses.field(default_factory=dict)
+    movable_known: dict[tuple[shapes.Shape, ...], bool] = dataclasses.field(default_factory=dict)
+    """``movable``'s answers per victim shapes, valid while the draft's version is ``movable_at``."""
+    movable_at: int = -1
 
     def __post_init__(self) -> None:
         self._victims = roombounds.VictimLists(self.draft, self.units)
@@ -160,18 +163,33 @@ def move(scene: Scene, group: model.Group, pods: Sequence[model.Pod]) -> bool:
 
 
 def movable(scene: Scene, unit: victims.Unit) -> bool:
-    """Would the unit's live pods fit elsewhere together, in the room the draft has now (nothing is kept)?"""
+    """Would the unit's live pods fit elsewhere together, in the room the draft has now (nothing is kept)?
+
+    Asked of most candidates of a reclaim in a full cluster, where the answer is nearly always no: it depends only
+    on the pods' shapes and the room, so it is kept per shapes while the draft stays as it is."""
     draft = scene.draft
     pods = victims.live_pods(unit, draft.evicted)
     if not pods:
         return True
+    if scene.movable_at != draft.version:
+        scene.movable_known.clear()
+        scene.movable_at = draft.version
+    key = tuple(scene.shape(pod) for pod in pods)
+    known = scene.movable_known.get(key)
+    if known is None:
+        known = scene.movable_known[key] = _movable(scene, unit.group, pods)
+    return known
+
+
+def _movable(scene: Scene, group: model.Group, pods: Sequence[model.Pod]) -> bool:
+    draft = scene.draft
     mark = draft.checkpoint()
     try:
         for pod in pods[:-1]:
             choice = scene.searcher.find(scene.shape(pod))
             if choice is None:
                 return False
-            draft.place(pod, unit.group, choice, kind=plan.Kind.MOVE)
+            draft.place(pod, group, choice, kind=plan.Kind.MOVE)
         # The last pod only has to fit somewhere: no need for the best place (most units are one pod).
         return scene.searcher.fits(scene.shape(pods[-1]))
     finally:
