@@ -170,6 +170,8 @@ class Cycle:
         for group in first:
             mine: list[tuple[model.Group, tuple[gangs.Step, ...]]] = []
             self._allocate_group(group, mine)
+            if self.failed and self.failed[-1].group is group:
+                self._hold_nominated_room(group)
             for owner, steps in mine:
                 # Elastic pods the room was made for go now too; the others wait for every minimum as usual.
                 nominated = [step for step in steps if any(pod.nominated_node is not None for pod in step)]
@@ -370,6 +372,24 @@ class Cycle:
                 self.statuses[group.id] = evictions.waiting_status(reason, group, self.draft, since=since)
             else:
                 failures.failed(group, pod_shapes, refused if action is model.Action.RECLAIM else None)
+
+    def _hold_nominated_room(self, group: model.Group) -> None:
+        """KAI's pipelining: while the victims evicted for a group are still leaving, the room the ones already gone
+        left on its nominated nodes is held for it (``plan.Kind.RESERVE``: nominated again, bound by no one else this
+        cycle), so other groups' pods, such as the victims' own recreated ones, cannot take it before the rest has
+        gone. A gang waiting for hundreds of victims then starts once they are gone instead of being robbed of its
+        room node by node and reclaiming again. Nothing is held once no victim is leaving: the group then fits,
+        or room-making judges it afresh."""
+        if self._leaving_for(group) is None:
+            return
+        draft = self.draft
+        for pod in group.members:
+            node = pod.nominated_node
+            if node is None or pod.phase is not model.PodPhase.PENDING or pod.uid in draft.placed:
+                continue
+            choice = self.searcher.find_on(self._shape(pod), node)
+            if choice is not None:
+                draft.place(pod, group, choice, kind=plan.Kind.RESERVE)
 
     def _leaving_for(self, group: model.Group) -> status.Status | None:
         """A group nominated to nodes where evicted pods are still leaving waits for them (KAI's pipelining: the room

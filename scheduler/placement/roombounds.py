@@ -4,12 +4,13 @@ A room-making attempt (``roommaking``) walks victim candidates in victim order a
 each time a node's pool of victims gives the node room. What it looks at grows with what the group asks for; what it
 evicts does not:
 
-- ``limits``: at most ``UNITS`` (64) victim units evicted, and ``max(1,000, 16 per GPU asked)`` candidates looked at
-  (a share or a CPU-only pod counts as one GPU asked). The eviction bound stays fixed until a group waiting for its
-  victims keeps the room they leave from others (KAI's pipelining): without that, a gang whose hundreds of victims
-  leave over several cycles sees the over-share queue's recreated pods take the room first, and reclaim evicts
-  again, cycle after cycle (measured: 21,680 evictions for one 400-GPU gang that never started). So a gang needing
-  more than 64 victim units is refused without evicting anyone (KAI's 2,000-GPU "very large job" waits);
+- ``limits``: at most ``max(64, one per GPU asked)`` victim units evicted, and ``max(1,000, 16 per GPU asked)``
+  candidates looked at (a share or a CPU-only pod counts as one GPU asked). The eviction bound grows with the
+  group because a group waiting for its victims keeps the room they leave from others while the rest leave (KAI's
+  pipelining, ``cycle.Cycle._hold_nominated_room``): before that, a gang whose hundreds of victims left over several
+  cycles saw the over-share queue's recreated pods take the room first, and reclaim evicted again, cycle after
+  cycle (measured: 21,680 evictions for one 400-GPU gang that never started), so the bound was a fixed 64 and
+  KAI's 2,000-GPU "very large job" waited for ever;
 - ``VictimLists``: each action's victim units, sorted once per cycle; an attempt starts after the units the cycle
   has already evicted whole, so the hundredth group of a cycle does not walk the first ninety-nine's victims again;
 - ``Candidates``: the candidates, drawn lazily from the action's iterator up to that bound (an attempt that succeeds
@@ -32,7 +33,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from scheduler.placement import decisions, freeing, model, nodework, plan, search, shapes, victims
 
 UNITS = 64
-"""Victim units one attempt may evict (see the module docstring for why it does not grow)."""
+"""Victim units one attempt may evict at least; a group asking for more GPUs may evict one per GPU asked."""
 MIN_SCANNED = 1_000
 """Candidates one attempt may look at, at least: on a large cluster the useful victims of a small group are among the
 first in victim order or nowhere, and a bound keeps a full cluster's cycle from growing with it."""
@@ -53,7 +54,7 @@ def gpus_asked(wanted: Iterable[shapes.Shape]) -> int:
 def limits(wanted: Sequence[shapes.Shape]) -> tuple[int, int]:
     """The most victim units evicted and the most candidates looked at for a minimum of ``wanted`` shapes."""
     gpus = gpus_asked(wanted)
-    return UNITS, max(MIN_SCANNED, SCANNED_PER_GPU * gpus)
+    return max(UNITS, gpus), max(MIN_SCANNED, SCANNED_PER_GPU * gpus)
 
 
 class VictimLists:

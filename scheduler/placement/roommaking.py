@@ -292,7 +292,10 @@ class _Search:
             self.draft.rollback(self.start)
             return False
         # Drop the units that were not needed after all, in the order they were chosen (each try places the
-        # minimum again; there are at most roombounds.UNITS of them).
+        # minimum again). Past roombounds.UNITS of them (a large gang), one try instead: without the units on
+        # nodes where no pod of the minimum went.
+        if len(self.chosen) > roombounds.UNITS:
+            return self._drop_unused()
         needed = list(self.chosen)
         tries = self.chosen
         last_ok = True
@@ -306,6 +309,16 @@ class _Search:
             else:
                 last_ok = False
         if not last_ok and not self._attempt(needed):
+            self.draft.rollback(self.start)
+            return False
+        return True
+
+    def _drop_unused(self) -> bool:
+        used = {self.draft.placed[pod.uid].node for pod in self.minimum if pod.uid in self.draft.placed}
+        trial = [unit for unit in self.chosen if any(pod.node in used for pod in unit.pods)]
+        if len(trial) == len(self.chosen) or self._attempt(trial):
+            return True
+        if not self._attempt(self.chosen):
             self.draft.rollback(self.start)
             return False
         return True

@@ -188,6 +188,23 @@ class Searcher:
             self._note_nowhere(shape)
         return found
 
+    def find_on(self, shape: shapes.Shape, node: model.NodeName) -> shapes.Choice | None:
+        """The best placement for a pod of ``shape`` on ``node`` alone (its devices by the scorer), or None when the
+        pod may not use the node or it cannot take the pod now. For room held on a nominated node."""
+        cap = self.capacity
+        work = cap.by_name.get(node)
+        if work is None or work.cls not in self.eligible(shape.constraints):
+            return None
+        look = cap.look_of[work.order]
+        if look is None:
+            raise RuntimeError(f"node {work.name} is out of the indexes during a search")
+        scorer = self.scorer if shape.wants_gpu else self.cpu_scorer
+        found = _best_on(work, look, shape, scorer, _request(shape, None))
+        if found is None:
+            return None
+        _, chosen, share_milli = found
+        return shapes.Choice(work=work, devices=chosen, share_milli=share_milli)
+
     def fits(self, shape: shapes.Shape) -> bool:
         """Would ``find`` place a pod of ``shape`` now? Without choosing where: on the scored path any look that
         takes it answers, not the best one (room-making asks this of every victim it may move)."""

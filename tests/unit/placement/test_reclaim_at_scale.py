@@ -94,13 +94,18 @@ def test_a_gang_of_64_victims_reclaims_them_in_one_plan_and_is_placed_where_they
     assert not second.evictions
 
 
-def test_a_gang_that_needs_more_than_64_victims_evicts_no_one() -> None:
-    # b's gang of 10 pods x 8 GPUs would need 80 victims: past the bound, so none is evicted (roombounds says why).
+def test_a_gang_that_needs_more_than_64_victims_reclaims_one_per_gpu_it_asks_for_on_whole_nodes() -> None:
+    # b's gang of 10 pods x 8 GPUs needs 80 victims: past 64, the bound grows with the GPUs asked (one unit per GPU,
+    # as the room it leaves is held for the gang while they go); ten nodes emptied, eight victims each, no more.
     snapshot = _with(_full(20, NO_QUOTA), _gang(10))
-    result = engine.Engine().run(snapshot)
-    assert not result.evictions
-    assert not result.nominations
-    assert result.statuses[model.GroupId("big")].code is status.Code.UNSCHEDULABLE
+    planner = engine.Engine()
+    result = planner.run(snapshot)
+    assert len(result.evictions) == 80
+    assert set(collections.Counter(eviction.node for eviction in result.evictions).values()) == {8}
+    assert len(result.nominations) == 10
+    assert result.statuses[model.GroupId("big")].reason is status.Reason.WAITING_FOR_RECLAIM
+    second = planner.run(applying.apply(snapshot, result, now_ns=3 * NS))
+    assert len([placement for placement in second.placements if placement.group == "big"]) == 10
 
 
 def test_a_gang_is_refused_without_evictions_when_the_queues_allow_less_than_it_needs() -> None:
@@ -149,11 +154,12 @@ def test_a_backlog_larger_than_a_groups_candidate_bound_reclaims_in_one_cycle() 
     assert len([placement for placement in second.placements if placement.group.startswith("b-")]) == 1040
 
 
-def test_what_an_attempt_looks_at_grows_with_the_gpus_a_group_asks_for_and_what_it_evicts_does_not() -> None:
+def test_what_an_attempt_looks_at_and_evicts_grows_with_the_gpus_a_group_asks_for() -> None:
     one = shapes.shape_of(builders.pod("one", gpus=1))
     eight = shapes.shape_of(builders.pod("eight", gpus=8))
     assert roombounds.limits([one]) == (64, 1_000)
-    assert roombounds.limits([eight] * 250) == (64, 32_000)
+    assert roombounds.limits([eight] * 4) == (64, 1_000)
+    assert roombounds.limits([eight] * 250) == (2_000, 32_000)
 
 
 def _leaving(snapshot: model.Snapshot, evicted: Sequence[decisions.Eviction]) -> model.Snapshot:
@@ -199,3 +205,34 @@ def test_victims_still_leaving_are_no_victims_again_and_the_group_they_leave_for
         found = second.statuses[group.id]
         assert found.reason is status.Reason.WAITING_FOR_RECLAIM, found
         assert "evicted pod(s) to leave its nominated node(s)" in found.message
+
+
+def test_room_left_by_victims_already_gone_is_held_for_the_gang_while_the_others_leave() -> None:
+    # KAI's pipelining. Cycle 1: b's gang of 8 pods x 8 GPUs reclaims 64 of a's pods on 8 nodes. Cycle 2: the victims
+    # of 4 of those nodes are gone, the others still leaving, and 32 single-GPU jobs of b have come: the 4 emptied
+    # nodes are held for the gang (nominated again), not given to the newcomers, and the gang evicts no one more.
+    full = _full(16, NO_QUOTA)
+    planner = engine.Engine()
+    first_snapshot = _with(full, _gang(8))
+    first = planner.run(first_snapshot)
+    assert len(first.evictions) == 64
+    emptied = sorted({eviction.node for eviction in first.evictions})[:4]
+    gone = tuple(eviction for eviction in first.evictions if eviction.node in emptied)
+    still = [eviction for eviction in first.evictions if eviction.node not in emptied]
+    # The gang nominated, the victims of the first 4 nodes deleted, the others still running and leaving.
+    partly = applying.apply(first_snapshot, dataclasses.replace(first, evictions=gone), now_ns=3 * NS)
+    second_snapshot = _with(_leaving(partly, still), *_single_gpu_groups(32))
+    second = planner.run(second_snapshot)
+    assert second == engine.Engine().run(second_snapshot)
+    assert not [placement for placement in second.placements if placement.node in emptied]
+    held = {nomination.node for nomination in second.nominations if nomination.group == "big"}
+    assert held == set(emptied)
+    assert not [eviction for eviction in second.evictions if eviction.beneficiary == "big"]
+    assert second.statuses[model.GroupId("big")].reason is status.Reason.WAITING_FOR_RECLAIM
+    # Cycle 3: every victim of the gang gone, it is placed on its eight nodes.
+    third_snapshot = applying.apply(
+        second_snapshot, dataclasses.replace(second, evictions=(*second.evictions, *still)), now_ns=4 * NS
+    )
+    third = planner.run(third_snapshot)
+    placed = [placement for placement in third.placements if placement.group == "big"]
+    assert len(placed) == 8
