@@ -135,6 +135,9 @@ class Scenarios:
 
     async def no_quota_for_the_first_queue(self) -> None:
         await self.stack.set_queue_gpu(world.FIRST_QUEUE, quota=0, over_quota_weight=0, limit=-1)
+        # The next scenario starts once the scheduler judges by it (a running scheduler; else it reads it at start).
+        if self.stack.scheduler is not None and self.stack.scheduler_exited() is None:
+            await self.stack.scheduler_sees_gpu_quota(world.FIRST_QUEUE, 0, timeout_s=self.timeout_s)
 
     async def unschedulable(self) -> Outcome:
         problem = await self._until(self._ready, "the cluster full, the second queue empty")
@@ -142,6 +145,9 @@ class Scenarios:
             return Outcome(seconds=None, problem=problem)
         quota = self.sizes.unschedulable_quota
         await self.stack.set_queue_gpu(world.FIRST_QUEUE, quota=quota, over_quota_weight=0, limit=-1)
+        if not await self.stack.scheduler_sees_gpu_quota(world.FIRST_QUEUE, quota, timeout_s=self.timeout_s):
+            await self.no_quota_for_the_first_queue()
+            return Outcome(seconds=None, problem=f"the scheduler did not show queue {world.FIRST_QUEUE}'s new quota")
         pods = self.sizes.distributed_pods
         samples: list[float] = []
         from_podgroup: list[float] = []

@@ -282,6 +282,20 @@ class Stack:
             return {}
         return counters(text, METRICS)
 
+    async def scheduler_sees_gpu_quota(self, queue: str, quota: float, *, timeout_s: float) -> bool:
+        """Wait until the scheduler's ``quotient_queue_quota`` for ``queue``'s GPU is ``quota`` (it has read the
+        Queue as changed): a Job created at once might otherwise be judged against the old quota, since the Queue and
+        the Job's pods reach the scheduler on different watches. False after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        wanted = f'quotient_queue_quota{{queue="{queue}",resource="gpu"}} {float(quota)}'
+        while time.monotonic() < deadline:
+            if self.scheduler is not None:
+                with contextlib.suppress(OSError):
+                    if wanted in (await asyncio.to_thread(_fetch, self.metrics_url)).splitlines():
+                        return True
+            await asyncio.sleep(0.05)
+        return False
+
     async def stop_scheduler(self) -> None:
         scheduler, self.scheduler = self.scheduler, None
         if scheduler is not None:

@@ -5,7 +5,9 @@ The rule is KAI's with one deliberate change (see KAI-COMPAT.md "Fair share"):
 1. Each child of a parent first gets its *deserved* amount ``min(quota, requested, limit)`` out of what the parent
    has left, children taken by priority (highest first), then creation time, then name; quota ``-1`` means "as much
    as it requests". KAI lets every ``-1`` sibling take up to the parent's whole share here; we hand out from what is
-   left, so siblings never sum to more than their parent.
+   left, so siblings never sum to more than their parent: the set quotas first (an operator's guarantee), then the
+   ``-1`` ones from what the set quotas left, so a ``-1`` sibling never takes what a set quota guarantees (as in
+   KAI, where a queue's quota is its own whatever its ``-1`` siblings ask).
 2. What is left is spare: divided among the children that still want more, priority bucket by priority bucket
    (highest first), in proportion to ``over_quota_weight``, each capped by its request and limit, repeated until
    nothing is left or everybody is capped. A weight of 0 takes no spare.
@@ -221,6 +223,7 @@ class _Division:
             caps=[capped_demand(s, r) for s, r in zip(settings, requests, strict=True)],
             priorities=[queues[name].priority for name in siblings],
             weights=[s.over_quota_weight for s in settings],
+            guaranteed=[s.quota != model.UNLIMITED for s in settings],
         )
         for name, (given, share) in zip(siblings, shares, strict=True):
             self.deserved[name] = given
@@ -237,19 +240,25 @@ def split(
     caps: Sequence[int],
     priorities: Sequence[int],
     weights: Sequence[int],
+    guaranteed: Sequence[bool] | None = None,
 ) -> list[tuple[int, int]]:
     """Divide ``available`` among siblings given in their order; returns (deserved, fair) per sibling.
 
-    Deserved amounts are handed out in order from what is left. The spare is then divided bucket by bucket of equal
-    priority (highest first; siblings arrive sorted by priority already) by weight, capped at ``caps``, until
-    nothing is left or every sibling is capped. ``caps`` must be at least ``wants``.
+    Deserved amounts are handed out in order from what is left, the ``guaranteed`` ones (a set quota) first, then
+    the others (quota -1) from what those left (all count as guaranteed when not given). The spare is then divided
+    bucket by bucket of equal priority (highest first; siblings arrive sorted by priority already) by weight, capped
+    at ``caps``, until nothing is left or every sibling is capped. ``caps`` must be at least ``wants``.
     """
     left = available
-    given: list[int] = []
-    for want in wants:
-        take = min(want, left)
-        given.append(take)
-        left -= take
+    given = [0] * len(wants)
+    if guaranteed is None:
+        guaranteed = [True] * len(wants)
+    for first in (True, False):
+        for index, want in enumerate(wants):
+            if guaranteed[index] is first:
+                take = min(want, left)
+                given[index] = take
+                left -= take
     shares = list(given)
     start = 0
     while start < len(shares) and left > 0:

@@ -50,6 +50,23 @@ def test_unlimited_quota_siblings_never_sum_to_more_than_the_parent() -> None:
     assert shares["x"].fair.milli_gpu + shares["y"].fair.milli_gpu == 10000
 
 
+def test_a_set_quota_is_deserved_before_any_sibling_whose_quota_is_unlimited() -> None:
+    # KAI's unschedulable scale test: a queue of quota "all GPUs but 79" keeps them whatever an unlimited sibling
+    # created before it asks; the sibling deserves the 79 left, not its 80.
+    shares = _divide(
+        [
+            _queue("root"),
+            _queue("asks", "root", quota=-1, weight=1, created=1),
+            _queue("keeps", "root", quota=81_000, weight=0, created=2),
+        ],
+        {"asks": 80_000, "keeps": 160_000},
+        160_000,
+    )
+    assert shares["keeps"].deserved.milli_gpu == 81_000
+    assert shares["asks"].deserved.milli_gpu == 79_000
+    assert shares["asks"].fair.milli_gpu == 79_000
+
+
 def test_deserved_goes_by_priority_then_age_then_name() -> None:
     shares = _divide(
         [
