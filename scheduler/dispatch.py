@@ -171,13 +171,15 @@ class Dispatcher:
         behind would keep it ahead of the fair-share order for good."""
         seen: dict[str, float] = {}
         for uid, pod in self._state.pods.items():
-            if pod.nominated_node is None or pod.node or uid in self._state.assumed:
+            nominated = self._state.nomination(pod)
+            if nominated is None or pod.node or uid in self._state.assumed:
                 continue
             since = self._nominated_at_s.get(uid, now_s)
             if now_s - since < NOMINATION_TTL_S:
                 seen[uid] = since
                 continue
-            log.info("nomination_expired", pod=f"{pod.namespace}/{pod.name}", node=pod.nominated_node)
+            log.info("nomination_expired", pod=f"{pod.namespace}/{pod.name}", node=nominated)
+            self._state.mark_nominating(uid, None)
             self._binder().submit_nomination(pod_ref(pod), None)
         self._nominated_at_s = seen
 
@@ -215,8 +217,10 @@ class Dispatcher:
         self._binder().submit_bind(pod_ref(pod), placement, groups, extra, configmap=pod.configmap)
 
     def _nominate(self, nomination: decisions.Placement) -> None:
-        pod = self._state.pods.get(str(nomination.pod))
-        if pod is not None and pod.nominated_node != str(nomination.node):
+        state = self._state
+        pod = state.pods.get(str(nomination.pod))
+        if pod is not None and state.nomination(pod) != str(nomination.node):
+            state.mark_nominating(pod.uid, str(nomination.node))
             self._binder().submit_nomination(pod_ref(pod), str(nomination.node))
 
     def _evict_victim(self, eviction: decisions.Eviction) -> None:

@@ -88,8 +88,10 @@ class Cycle:
         self.failed: list[Failed] = []
         self.elastic_waiting: list[tuple[model.Group, gangs.Step]] = []
         self.scene: roommaking.Scene | None = None
-        self._leaving: dict[model.NodeName, list[tuple[model.QueueName, model.Pod]]] | None = None
+        self._leaving: dict[model.NodeName, list[tuple[model.Group, model.Pod]]] | None = None
         """Running pods already leaving, by node (built on first use)."""
+        self._released: set[model.NodeName] = set()
+        """Nodes whose leaving pods a nominated group's held room counted as gone this cycle (then blocked)."""
         self.pod_shapes: dict[model.PodUid, shapes.Shape] = {}
         self.orphans = orphans
         self.victim_units = victim_units or victims.UnitCache()
@@ -377,19 +379,36 @@ class Cycle:
         """KAI's pipelining: while the victims evicted for a group are still leaving, the room the ones already gone
         left on its nominated nodes is held for it (``plan.Kind.RESERVE``: nominated again, bound by no one else this
         cycle), so other groups' pods, such as the victims' own recreated ones, cannot take it before the rest has
-        gone. A gang waiting for hundreds of victims then starts once they are gone instead of being robbed of its
-        room node by node and reclaiming again. Nothing is held once no victim is leaving: the group then fits,
-        or room-making judges it afresh."""
+        gone. A node still short of room for its pod is held whole, its leaving pods counted as gone (KAI pipelines
+        a pod onto room being released the same way), so no one takes the part already free. A gang waiting for
+        hundreds of victims then starts once they are gone instead of being robbed of its room node by node and
+        reclaiming again. Nothing is held once no victim is leaving: the group then fits, or room-making judges it
+        afresh."""
         if self._leaving_for(group) is None:
             return
+        leaving = self._leaving or {}
         draft = self.draft
+        released: list[model.NodeName] = []
         for pod in group.members:
             node = pod.nominated_node
             if node is None or pod.phase is not model.PodPhase.PENDING or pod.uid in draft.placed:
                 continue
-            choice = self.searcher.find_on(self._shape(pod), node)
+            shape = self._shape(pod)
+            choice = self.searcher.find_on(shape, node)
+            if choice is None and node not in self._released and leaving.get(node):
+                mark = draft.checkpoint()
+                for owner, gone in leaving[node]:
+                    draft.release(gone, owner)
+                choice = self.searcher.find_on(shape, node)
+                if choice is None:
+                    draft.rollback(mark)
+                else:
+                    self._released.add(node)
+                    released.append(node)
             if choice is not None:
                 draft.place(pod, group, choice, kind=plan.Kind.RESERVE)
+        for node in released:
+            draft.block(node)  # the rest of its room is not free yet: no one else is placed there this cycle
 
     def _leaving_for(self, group: model.Group) -> status.Status | None:
         """A group nominated to nodes where evicted pods are still leaving waits for them (KAI's pipelining: the room
@@ -402,8 +421,8 @@ class Cycle:
             for other in self.snapshot.groups.values():
                 for pod in other.members:
                     if pod.leaving and pod.node is not None:
-                        self._leaving.setdefault(pod.node, []).append((other.queue, pod))
-        there = [(queue, pod) for node in sorted(nominated) for queue, pod in self._leaving.get(node, ())]
+                        self._leaving.setdefault(pod.node, []).append((other, pod))
+        there = [(owner.queue, pod) for node in sorted(nominated) for owner, pod in self._leaving.get(node, ())]
         if not there:
             return None
         reason = (

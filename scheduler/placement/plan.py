@@ -212,6 +212,42 @@ class Draft:
         moved_to: model.NodeName | None = None,
     ) -> decisions.Eviction:
         """Evict a running pod, giving its room back on the working state."""
+        self._give_back(pod, group)
+        eviction = decisions.Eviction(
+            pod=pod.uid,
+            group=group.id,
+            node=pod.node or model.NodeName(""),
+            reason=reason,
+            beneficiary=beneficiary,
+            message=message,
+            moved_to=moved_to,
+        )
+        self._versions += 1
+        self.version = self._versions
+        self.evictions.append(eviction)
+        self.evicted[pod.uid] = eviction
+        return eviction
+
+    def release(self, pod: model.Pod, group: model.Group) -> None:
+        """Give back the room of a pod already leaving (its eviction or deletion under way) for the rest of the cycle,
+        recording no eviction: it is going anyway. For room held for the group it leaves for (pipelining)."""
+        self._give_back(pod, group)
+        self._versions += 1
+        self.version = self._versions
+
+    def block(self, node: model.NodeName) -> None:
+        """Take every free pod slot of ``node`` for the rest of the cycle, so nothing more is placed there: for a node
+        whose leaving pods were ``release``d, whose room is not free yet beyond what was held on it."""
+        work = self.capacity.by_name.get(node)
+        if work is None:
+            return
+        self.capacity.begin(work)
+        work.free_pods = 0
+        self.capacity.end(work)
+        self._versions += 1
+        self.version = self._versions
+
+    def _give_back(self, pod: model.Pod, group: model.Group) -> None:
         if pod.node is not None and (work := self.capacity.by_name.get(pod.node)) is not None:
             cap = self.capacity
             cap.grew(work.order)
@@ -227,20 +263,6 @@ class Draft:
                 work.give_back_whole(valid)
             cap.end(work)
         self._account(group.queue, pod_amounts(pod), nonpreemptible=not group.preemptible, sign=-1)
-        eviction = decisions.Eviction(
-            pod=pod.uid,
-            group=group.id,
-            node=pod.node or model.NodeName(""),
-            reason=reason,
-            beneficiary=beneficiary,
-            message=message,
-            moved_to=moved_to,
-        )
-        self._versions += 1
-        self.version = self._versions
-        self.evictions.append(eviction)
-        self.evicted[pod.uid] = eviction
-        return eviction
 
     def finish(
         self,

@@ -63,6 +63,8 @@ class ClusterState:
         self.assumed: dict[str, Assumption] = {}
         self.evicting: set[str] = set()
         """Uids of the pods whose eviction the dispatcher asked for and whose deletion the watch has not shown."""
+        self.nominating: dict[str, str | None] = {}
+        """Pod uid -> the nomination the dispatcher asked for (None: cleared) that the watch has not shown yet."""
         self.decided: dict[str, str] = {}
         """Pod uid -> the PodGroup name the grouper chose, for pods whose annotation is not written yet."""
         self.group_members: dict[GroupKey, set[str]] = {}
@@ -149,6 +151,8 @@ class ClusterState:
 
     def put_pod(self, pod: PodRecord, *, force: bool = False) -> None:
         uid = pod.uid
+        if uid in self.nominating and self.nominating[uid] == pod.nominated_node:
+            del self.nominating[uid]  # the API shows what we asked for
         previous = self.pods.get(uid)
         if not force and previous is not None and uid not in self.assumed and _pod_view(previous) == _pod_view(pod):
             self.pods[uid] = pod  # keep the newest record; nothing placement reads has changed
@@ -196,6 +200,7 @@ class ClusterState:
         self.sharing_pods.discard(uid)
         assumed = self.assumed.pop(uid, None)
         self.evicting.discard(uid)
+        self.nominating.pop(uid, None)
         if assumed is not None:
             self._touch_node(assumed.node)
         if pod is not None:
@@ -229,6 +234,22 @@ class ClusterState:
         pod = self.pods.get(uid)
         if pod is not None:
             self._touch_group(self.group_of(pod))
+
+    def mark_nominating(self, uid: str, node: str | None) -> None:
+        """The dispatcher asked for the pod's nomination to be ``node`` (None: cleared): until the watch shows it,
+        the snapshot reads it from here, so the next cycle already takes the group as nominated (room held for it,
+        allocated first) instead of giving its room to whoever comes first while the status patch is on its way."""
+        pod = self.pods.get(uid)
+        if pod is not None and pod.nominated_node == node:
+            self.nominating.pop(uid, None)
+        else:
+            self.nominating[uid] = node
+        if pod is not None:
+            self._touch_group(self.group_of(pod))
+
+    def nomination(self, pod: PodRecord) -> str | None:
+        """The pod's nomination as the scheduler knows it: the one it asked for, else the record's."""
+        return self.nominating.get(pod.uid, pod.nominated_node)
 
     def forget(self, uid: str) -> None:
         """A bind failed: the pod is pending again and its room is free."""

@@ -295,6 +295,9 @@ class SnapshotBuilder:
                     continue
             if uid in state.evicting and pod.phase is model.PodPhase.RUNNING and not pod.leaving:
                 pod = dataclasses.replace(pod, leaving=True)  # its eviction is on its way to the API
+            if uid in state.nominating and pod.phase is model.PodPhase.PENDING:
+                nominated = state.nominating[uid]  # its nomination is on its way to the API
+                pod = dataclasses.replace(pod, nominated_node=model.NodeName(nominated) if nominated else None)
             assumption = state.assumed.get(uid)
             if assumption is not None and pod.phase is model.PodPhase.PENDING:
                 pod = dataclasses.replace(

@@ -209,8 +209,9 @@ def test_victims_still_leaving_are_no_victims_again_and_the_group_they_leave_for
 
 def test_room_left_by_victims_already_gone_is_held_for_the_gang_while_the_others_leave() -> None:
     # KAI's pipelining. Cycle 1: b's gang of 8 pods x 8 GPUs reclaims 64 of a's pods on 8 nodes. Cycle 2: the victims
-    # of 4 of those nodes are gone, the others still leaving, and 32 single-GPU jobs of b have come: the 4 emptied
-    # nodes are held for the gang (nominated again), not given to the newcomers, and the gang evicts no one more.
+    # of 4 of those nodes are gone, the others still leaving, and 32 single-GPU jobs of b have come: the 8 nodes are
+    # held for the gang (nominated again; the 4 still being vacated with their leaving pods counted as gone), none
+    # is given to the newcomers, and the gang evicts no one more.
     full = _full(16, NO_QUOTA)
     planner = engine.Engine()
     first_snapshot = _with(full, _gang(8))
@@ -224,9 +225,10 @@ def test_room_left_by_victims_already_gone_is_held_for_the_gang_while_the_others
     second_snapshot = _with(_leaving(partly, still), *_single_gpu_groups(32))
     second = planner.run(second_snapshot)
     assert second == engine.Engine().run(second_snapshot)
-    assert not [placement for placement in second.placements if placement.node in emptied]
+    vacated = {eviction.node for eviction in first.evictions}
+    assert not [placement for placement in second.placements if placement.node in vacated]
     held = {nomination.node for nomination in second.nominations if nomination.group == "big"}
-    assert held == set(emptied)
+    assert held == vacated
     assert not [eviction for eviction in second.evictions if eviction.beneficiary == "big"]
     assert second.statuses[model.GroupId("big")].reason is status.Reason.WAITING_FOR_RECLAIM
     # Cycle 3: every victim of the gang gone, it is placed on its eight nodes.

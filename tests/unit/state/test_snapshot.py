@@ -173,6 +173,29 @@ def test_a_pod_whose_eviction_was_asked_or_whose_deletion_began_is_leaving_and_s
     assert leaving() == {"a": False, "d": True}
 
 
+def test_a_nomination_the_dispatcher_asked_for_is_in_the_next_snapshot_before_the_api_shows_it() -> None:
+    # The next cycle must take the group as nominated (room held for it) while the status patch is on its way.
+    state = seeded_state()
+    state.put_podgroup(podgroup("pg-a"))
+    state.put_pod(pod("a", group="pg-a", gpus=1))
+    builder = SnapshotBuilder(state)
+
+    def nominated() -> str | None:
+        groups = builder.build(NOW).snapshot.groups
+        return next(str(p.nominated_node) if p.nominated_node else None for g in groups.values() for p in g.members)
+
+    assert nominated() is None
+    state.mark_nominating("uid-a", "n1")
+    assert nominated() == "n1"
+    shown = pod_json("a", group="pg-a", gpus=1)
+    shown["status"]["nominatedNodeName"] = "n1"
+    state.put_pod(decoded(pods.decode, shown))  # the watch shows it: the record is the truth again
+    assert not state.nominating
+    assert nominated() == "n1"
+    state.mark_nominating("uid-a", None)  # cleared (expired): at once too
+    assert nominated() is None
+
+
 def test_an_invalid_gpu_annotation_is_reported_and_keeps_the_pod_out_without_touching_others() -> None:
     state = seeded_state()
     state.put_podgroup(podgroup("pg-bad"))
