@@ -45,24 +45,34 @@ class StatusReporter:
         self._due = asyncio.Event()
         self._latest: tuple[snapshot.Built, plan.Plan] | None = None
         self._queues_written_at = 0.0
+        self._queues_due: asyncio.TimerHandle | None = None
 
     def offer(self, built: snapshot.Built, result: plan.Plan) -> None:
         """A cycle's outcome, to be written (it replaces one not yet written)."""
         self._latest = (built, result)
         self._due.set()
 
+    def _queues_come_due(self) -> None:
+        self._queues_due = None
+        self._due.set()
+
     async def run(self) -> None:
         """Writes the newest cycle's status; a cycle never waits for the API, and a slow API skips stale statuses."""
-        while True:
-            await self._due.wait()
-            self._due.clear()
-            try:
-                await self.write()
-            except KubeError as exc:
-                log.warning("status_write_failed", error=str(exc))
-            except Exception as exc:
-                log.exception("status_write_broke")
-                self._on_error("status", exc)
+        try:
+            while True:
+                await self._due.wait()
+                self._due.clear()
+                try:
+                    await self.write()
+                except KubeError as exc:
+                    log.warning("status_write_failed", error=str(exc))
+                except Exception as exc:
+                    log.exception("status_write_broke")
+                    self._on_error("status", exc)
+        finally:
+            if self._queues_due is not None:
+                self._queues_due.cancel()
+                self._queues_due = None
 
     async def write(self) -> None:
         if self._latest is None:
@@ -98,8 +108,12 @@ class StatusReporter:
         await self._writer.pod_issues(built.pod_issues, state.pods)
         now = time.monotonic()
         if now - self._queues_written_at < QUEUE_STATUS_PERIOD_S:
-            self._due.set()  # come back for the queues once the period is over
-            await asyncio.sleep(QUEUE_STATUS_PERIOD_S - (now - self._queues_written_at))
+            # Come back for the queues once the period is over, without holding up the groups' statuses until then
+            # (a verdict waited up to the whole period behind a sleep here).
+            if self._queues_due is None:
+                self._queues_due = asyncio.get_running_loop().call_later(
+                    QUEUE_STATUS_PERIOD_S - (now - self._queues_written_at), self._queues_come_due
+                )
             return
         self._queues_written_at = now
         queue_status = statuswriter.queue_statuses(built.snapshot, built.queue_issues, sorted(state.queues), outcome)
