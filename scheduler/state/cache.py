@@ -63,6 +63,11 @@ class ClusterState:
         self.assumed: dict[str, Assumption] = {}
         self.evicting: set[str] = set()
         """Uids of the pods whose eviction the dispatcher asked for and whose deletion the watch has not shown."""
+        self.departed: dict[GroupKey, PodGroupRecord] = {}
+        """PodGroups deleted while pods of theirs are on nodes, until those are gone. The garbage collector deletes a
+        pod's own group after the pod, but the PodGroup watch may show it gone before the pod watch shows the pod
+        gone: meanwhile the pod still holds its room, counts in its queue and, when evicted, is leaving, so the
+        snapshot keeps building it with its group (its pending pods wait for a new group)."""
         self.nominating: dict[str, str | None] = {}
         """Pod uid -> the nomination the dispatcher asked for (None: cleared) that the watch has not shown yet."""
         self.decided: dict[str, str] = {}
@@ -211,6 +216,8 @@ class ClusterState:
             self.decided.pop(uid, None)
             if key is not None and uid in self.group_members.get(key, set()):
                 self.group_members[key].discard(uid)
+                if key in self.departed and not self._on_a_node(key):
+                    self.departed.pop(key, None)
                 self._touch_group(key)
         self._tick()
 
@@ -281,11 +288,21 @@ class ClusterState:
 
     def put_podgroup(self, podgroup: PodGroupRecord) -> None:
         self.podgroups[podgroup.key] = podgroup
+        self.departed.pop(podgroup.key, None)
         self._touch_group(podgroup.key)
 
     def delete_podgroup(self, namespace: str, name: str) -> None:
-        self.podgroups.pop((namespace, name), None)
-        self._touch_group((namespace, name))
+        key = (namespace, name)
+        record = self.podgroups.pop(key, None)
+        if record is not None and self._on_a_node(key):
+            self.departed[key] = record
+        self._touch_group(key)
+
+    def _on_a_node(self, key: GroupKey) -> bool:
+        """Is a pod of the group bound or being bound?"""
+        return any(
+            uid in self.assumed or (uid in self.pods and self.pods[uid].node) for uid in self.group_members.get(key, ())
+        )
 
     def put_priority_class(self, record: PriorityClassRecord) -> None:
         if record.value is None or self.priority_classes.get(record.name) == record.value:

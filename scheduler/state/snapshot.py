@@ -264,6 +264,9 @@ class SnapshotBuilder:
     ) -> tuple[model.Group | None, tuple[PodIssue, ...]]:
         state = self.state
         podgroup = state.podgroups.get(key)
+        departed = podgroup is None
+        if podgroup is None:
+            podgroup = state.departed.get(key)
         if podgroup is None or not members:
             return None, ()
         queue, priority, preemptible = models.group_settings(podgroup, state.priority_classes)
@@ -276,6 +279,8 @@ class SnapshotBuilder:
             record = state.pods.get(uid)
             if record is None or record.phase is Phase.FAILED:
                 continue
+            if departed and not record.node and uid not in state.assumed:
+                continue  # its PodGroup is gone: it waits for a new one, as any pod without a group
             if invalid and record.phase is Phase.PENDING and not record.node and uid not in state.assumed:
                 # A spec KAI's webhook would refuse has no meaning to place by; its running pods still count.
                 issues.append(_issue(record, "InvalidPodGroup", f"PodGroup {key[0]}/{key[1]}: {invalid}"))

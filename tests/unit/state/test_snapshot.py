@@ -196,6 +196,37 @@ def test_a_nomination_the_dispatcher_asked_for_is_in_the_next_snapshot_before_th
     assert nominated() is None
 
 
+def test_a_running_pod_whose_podgroup_the_watch_shows_deleted_first_keeps_its_group_until_it_is_gone() -> None:
+    # The garbage collector deletes a pod's own PodGroup after the pod, but the two watches may show it the other
+    # way round: meanwhile the evicted pod still holds its room and must count as leaving, not as nobody's.
+    state = seeded_state()
+    state.put_podgroup(podgroup("pg-a"))
+    state.put_pod(pod("a", group="pg-a", gpus=1, node_name="n1"))
+    state.put_pod(pod("p", group="pg-a", gpus=1))
+    builder = SnapshotBuilder(state)
+
+    def members() -> dict[str, tuple[str, bool]]:
+        groups = builder.build(NOW).snapshot.groups
+        return {str(p.name): (p.phase.value, p.leaving) for g in groups.values() for p in g.members}
+
+    assert members() == {"a": ("Running", False), "p": ("Pending", False)}
+    state.mark_evicting("uid-a", True)
+    state.delete_podgroup("default", "pg-a")
+    assert members() == {"a": ("Running", True)}  # the pending pod waits for a new group
+    state.delete_pod("uid-a")
+    assert members() == {}
+    assert not state.departed
+
+
+def test_a_podgroup_deleted_with_no_pod_on_a_node_is_gone_at_once() -> None:
+    state = seeded_state()
+    state.put_podgroup(podgroup("pg-p"))
+    state.put_pod(pod("p", group="pg-p", gpus=1))
+    state.delete_podgroup("default", "pg-p")
+    assert not state.departed
+    assert not SnapshotBuilder(state).build(NOW).snapshot.groups
+
+
 def test_an_invalid_gpu_annotation_is_reported_and_keeps_the_pod_out_without_touching_others() -> None:
     state = seeded_state()
     state.put_podgroup(podgroup("pg-bad"))
