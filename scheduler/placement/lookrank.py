@@ -37,7 +37,7 @@ Candidate = tuple[int, Sequence[int], capacity.LookBest]
 """One tied look: its first node, its nodes in node order, its answer."""
 
 
-class _Heap:
+class Ranking:
     __slots__ = ("cursor", "entries")
 
     def __init__(self, cursor: int) -> None:
@@ -51,12 +51,12 @@ class LookRanks:
     """Per shape id, the looks of the shape's eligible classes ordered by score; see the module docstring."""
 
     def __init__(self) -> None:
-        self._heaps: dict[int, _Heap] = {}
+        self._heaps: dict[int, Ranking] = {}
         self._valid_for: tuple[int, ...] = ()
         self._entries = 0
         self._seq = 0
 
-    def best(
+    def heap(
         self,
         cap: capacity.Capacity,
         shape_id: int,
@@ -64,35 +64,10 @@ class LookRanks:
         scored: Scored,
         *,
         epoch: int,
-    ) -> list[Candidate]:
-        """Every live look with the best score for the shape (empty when it fits no look).
-
-        ``scored`` must give the same answer for a look for as long as ``epoch``, the classes and the log stay.
-        """
-        return self._top(self._heap(cap, shape_id, eligible, scored, epoch=epoch))
-
-    def any(
-        self,
-        cap: capacity.Capacity,
-        shape_id: int,
-        eligible: tuple[int, ...],
-        scored: Scored,
-        *,
-        epoch: int,
-    ) -> bool:
-        """Does some live look take the shape (``best`` is not empty)? Asked to know whether a pod could move."""
-        return self._drop_gone(self._heap(cap, shape_id, eligible, scored, epoch=epoch))
-
-    def _heap(
-        self,
-        cap: capacity.Capacity,
-        shape_id: int,
-        eligible: tuple[int, ...],
-        scored: Scored,
-        *,
-        epoch: int,
-    ) -> _Heap:
-        """The shape's heap, brought up to date with the looks that came since it was last read."""
+    ) -> Ranking:
+        """The shape's ranking, to ask ``best`` or ``any`` of. ``scored`` must give the same answer for a look for as
+        long as ``epoch``, the classes and the log stay. Brought up to date with the looks that came since it was last
+        read."""
         valid_for = (epoch, cap.structure_version, cap.look_generation)
         if valid_for != self._valid_for or self._entries > _ENTRY_LIMIT:
             self._heaps.clear()
@@ -101,7 +76,7 @@ class LookRanks:
         log = cap.look_log
         heap = self._heaps.get(shape_id)
         if heap is None:
-            heap = self._heaps[shape_id] = _Heap(len(log))
+            heap = self._heaps[shape_id] = Ranking(len(log))
             classes = cap.classes
             for cls in eligible:
                 for look in classes[cls].looks.values():
@@ -120,25 +95,26 @@ class LookRanks:
             heap.cursor = len(log)
         return heap
 
-    def _push(self, heap: _Heap, look: capacity.Look, scored: Scored) -> None:
+    def _push(self, heap: Ranking, look: capacity.Look, scored: Scored) -> None:
         found = scored(look)
         if found is not None:
             self._seq += 1
             self._entries += 1
             heap.entries.append((-found[0], self._seq, look, found))
 
-    def _drop_gone(self, heap: _Heap) -> bool:
-        """Drop gone looks from the top; is a live one left?"""
+    def any(self, heap: Ranking) -> bool:
+        """Does some live look take the shape (``best`` is not empty)? Gone looks are dropped from the top first."""
         entries = heap.entries
         while entries and not entries[0][2].members:
             heapq.heappop(entries)
             self._entries -= 1
         return bool(entries)
 
-    def _top(self, heap: _Heap) -> list[Candidate]:
-        """The live looks with the best score: gone looks are dropped from the top until a live one is there, then
-        every entry with its score is found without popping (in a heap they form a subtree around the root)."""
-        if not self._drop_gone(heap):
+    def best(self, heap: Ranking) -> list[Candidate]:
+        """Every live look with the best score (empty when none takes the shape): gone looks are dropped from the
+        top until a live one is there, then every entry with its score is found without popping (in a heap they form
+        a subtree around the root)."""
+        if not self.any(heap):
             return []
         entries = heap.entries
         best = entries[0][0]

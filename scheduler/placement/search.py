@@ -281,13 +281,18 @@ class Searcher:
         if not self.group_alike or shape.pods + (share.devices if share is not None else 0) > capacity.LOOK_POD_SLOTS:
             return self._find_scored(shape, eligible) is not None
         scorer = self.scorer if shape.wants_gpu else self.cpu_scorer
-        return self._ranks.any(
-            self.capacity,
-            self._shape_id(shape),
-            eligible,
-            self._look_scorer(shape, scorer, _request(shape, None)),
-            epoch=self._epoch,
-        )
+        return self._ranks.any(self._ranking(shape, eligible, scorer, _request(shape, None)))
+
+    def _ranking(
+        self,
+        shape: shapes.Shape,
+        eligible: tuple[int, ...],
+        scorer: scoring.GpuPlacementScorer,
+        fixed_request: scoring.GpuRequest,
+    ) -> lookrank.Ranking:
+        shape_id = self._shape_id(shape)  # may start a new epoch: read before the epoch
+        scored = self._look_scorer(shape, scorer, fixed_request)
+        return self._ranks.heap(self.capacity, shape_id, eligible, scored, epoch=self._epoch)
 
     def _find_scored(self, shape: shapes.Shape, eligible: tuple[int, ...]) -> shapes.Choice | None:
         scorer = self.scorer if shape.wants_gpu else self.cpu_scorer
@@ -299,13 +304,7 @@ class Searcher:
         top_score = 0
         top: list[tuple[int, Sequence[int], capacity.LookBest]] = []
         if self.group_alike and shape.pods + (share.devices if share is not None else 0) <= capacity.LOOK_POD_SLOTS:
-            top = self._ranks.best(
-                self.capacity,
-                self._shape_id(shape),
-                eligible,
-                self._look_scorer(shape, scorer, fixed_request),
-                epoch=self._epoch,
-            )
+            top = self._ranks.best(self._ranking(shape, eligible, scorer, fixed_request))
         else:
             look_of = self.capacity.look_of
             for cls in eligible:
