@@ -53,6 +53,9 @@ _SYSTEM_FIELDS = (
     "managedFields",
     "selfLink",
 )
+# The API server's ``maxRetryWhenPatchConflicts``: how often a write that lost a race during admission is re-applied.
+_RETRIES_WHEN_RACED = 5
+
 # What an update keeps from the stored object whatever the caller sent.
 _IDENTITY_FIELDS = (
     "uid",
@@ -228,9 +231,21 @@ class Api:
                 [status.invalid_value("metadata.resourceVersion", 0, "must be specified for an update")],
                 group=kind.group,
             )
-        return await self._update(
-            kind, current, new, subresource=subresource, dry_run=dry_run, writing=writing or schemas.Writing()
-        )
+        unconditional = not metadata(new).get("resourceVersion")
+        pristine = clone(body) if unconditional else body  # the write changes ``new`` in place; a retry starts over
+        for _ in range(_RETRIES_WHEN_RACED):
+            updated = await self._update(
+                kind, current, new, subresource=subresource, dry_run=dry_run, writing=writing or schemas.Writing()
+            )
+            if not unconditional or not self._raced(kind, current, updated):
+                return updated
+            current = self.store.get(kind.storage, namespace if kind.namespaced else "", name)
+            if current is None:
+                return status.not_found(kind.plural, name, group=kind.group)
+            new = identity.stored_form(kind, clone(pristine), namespace, self.registry)
+            if isinstance(new, status.Failure):
+                return new
+        return updated
 
     async def patch(
         self,
@@ -244,20 +259,34 @@ class Api:
         dry_run: bool = False,
         writing: schemas.Writing | None = None,
     ) -> Obj | status.Failure:
-        current = self.store.get(kind.storage, namespace if kind.namespaced else "", name)
-        if current is None:
-            return status.not_found(kind.plural, name, group=kind.group)
-        patched = patches.apply_patch(
-            conversions.from_storage(kind, current), content_type, body, strategic_allowed=kind.strategic_merge
-        )
-        if isinstance(patched, status.Failure):
-            return patched
-        new = identity.stored_form(kind, patched, namespace, self.registry)
-        if isinstance(new, status.Failure):
-            return new
-        return await self._update(
-            kind, current, new, subresource=subresource, dry_run=dry_run, writing=writing or schemas.Writing()
-        )
+        for _ in range(_RETRIES_WHEN_RACED):
+            current = self.store.get(kind.storage, namespace if kind.namespaced else "", name)
+            if current is None:
+                return status.not_found(kind.plural, name, group=kind.group)
+            patched = patches.apply_patch(
+                conversions.from_storage(kind, current), content_type, body, strategic_allowed=kind.strategic_merge
+            )
+            if isinstance(patched, status.Failure):
+                return patched
+            new = identity.stored_form(kind, patched, namespace, self.registry)
+            if isinstance(new, status.Failure):
+                return new
+            updated = await self._update(
+                kind, current, new, subresource=subresource, dry_run=dry_run, writing=writing or schemas.Writing()
+            )
+            if not self._raced(kind, current, updated):
+                return updated
+        return updated
+
+    def _raced(self, kind: Kind, read: Obj, outcome: Obj | status.Failure) -> bool:
+        """Whether a write failed only because another writer changed the object while admission ran. The API server
+        then applies a patch (or an update that named no resourceVersion) again to the object as it now is, up to
+        five times (``maxRetryWhenPatchConflicts``); a patch that carries the old resourceVersion itself still fails,
+        since re-applied it names a version that is gone."""
+        if not isinstance(outcome, status.Failure) or outcome.code != 409 or outcome.reason != "Conflict":
+            return False
+        meta = metadata(read)
+        return self.store.get(kind.storage, str(meta.get("namespace") or ""), str(meta.get("name"))) is not read
 
     async def _update(
         self,

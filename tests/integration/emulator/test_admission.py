@@ -6,7 +6,7 @@ import base64
 import json
 import ssl
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,6 +81,8 @@ def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
 class Webhook:
     port: int
     requests: list[Obj] = field(default_factory=list)
+    # Called by ``/observe`` (which allows everything) while the API server waits on its answer.
+    meanwhile: Callable[[Obj], Awaitable[None]] | None = None
 
 
 @pytest.fixture
@@ -124,7 +126,16 @@ async def webhook(certificates: Certificates) -> AsyncIterator[Webhook]:
             }
         )
 
+    async def observe(request: web.Request) -> web.Response:
+        review = await request.json()
+        found.requests.append(review["request"])
+        if found.meanwhile is not None:
+            await found.meanwhile(review["request"])
+        response = {"uid": review["request"]["uid"], "allowed": True}
+        return web.json_response({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})
+
     app = web.Application()
+    app.router.add_post("/observe", observe)
     app.router.add_post("/mutate", mutate)
     app.router.add_post("/validate", validate)
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -138,7 +149,14 @@ async def webhook(certificates: Certificates) -> AsyncIterator[Webhook]:
     await runner.cleanup()
 
 
-def _configuration(kind: str, certificates: Certificates, *, path: str, failure_policy: str = "Fail") -> Obj:
+def _configuration(
+    kind: str,
+    certificates: Certificates,
+    *,
+    path: str,
+    failure_policy: str = "Fail",
+    operations: tuple[str, ...] = ("CREATE",),
+) -> Obj:
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": kind,
@@ -155,7 +173,7 @@ def _configuration(kind: str, certificates: Certificates, *, path: str, failure_
                 },
                 "rules": [
                     {
-                        "operations": ["CREATE"],
+                        "operations": list(operations),
                         "apiGroups": [""],
                         "apiVersions": ["v1"],
                         "resources": ["pods"],
@@ -253,3 +271,62 @@ async def test_a_certificate_the_ca_bundle_does_not_trust_is_a_failed_call(
     failed = await emulator.create(pod_manifest("untrusted"))
     assert isinstance(failed, status.Failure) and failed.code == 500
     assert "CERTIFICATE_VERIFY_FAILED" in failed.message or "certificate" in failed.message.lower()
+
+
+async def test_a_patch_that_loses_a_race_during_admission_is_applied_again_to_the_object_as_it_now_is(
+    emulator: Emulator, webhook: Webhook, certificates: Certificates
+) -> None:
+    """While a webhook reviews a ``kubectl patch``, another writer (a controller writing status) changes the object.
+    The API server applies the patch again to the new object instead of answering 409; only a patch or update that
+    names the old resourceVersion itself is refused."""
+    emulator.route_service("quotient-system", "webhook", f"127.0.0.1:{webhook.port}")
+    observe = _configuration("ValidatingWebhookConfiguration", certificates, path="/observe", operations=("UPDATE",))
+    assert not isinstance(await emulator.create(observe), status.Failure)
+    created = await emulator.create(pod_manifest("raced"))
+    assert not isinstance(created, status.Failure), created
+    kind = emulator.kind_of("v1", "Pod")
+    writes, written_so_far = 0, 0
+
+    async def another_writer(review: Obj) -> None:
+        nonlocal writes, written_so_far
+        if writes == 0:
+            writes, written_so_far = 1, written_so_far + 1
+            current = emulator.api.store.get("pods", "default", "raced")
+            assert current is not None
+            written = {**(current.get("status") or {}), "message": f"written meanwhile ({written_so_far})"}
+            emulator.api.write_status(kind, "default", "raced", written, uid=current["metadata"]["uid"])
+
+    webhook.meanwhile = another_writer
+    patched = await emulator.api.patch(
+        kind, "default", "raced", "application/merge-patch+json", {"metadata": {"labels": {"patched": "yes"}}}
+    )
+    assert not isinstance(patched, status.Failure), patched
+    assert patched["metadata"]["labels"]["patched"] == "yes"
+    assert patched["status"]["message"] == "written meanwhile (1)"
+    assert len([r for r in webhook.requests if r["operation"] == "UPDATE"]) == 2  # reviewed again, as re-applied
+
+    writes = 0
+    stale = str(created["metadata"]["resourceVersion"])
+    refused = await emulator.api.patch(
+        kind,
+        "default",
+        "raced",
+        "application/merge-patch+json",
+        {"metadata": {"resourceVersion": stale, "labels": {"patched": "again"}}},
+    )
+    assert isinstance(refused, status.Failure) and refused.code == 409 and refused.reason == "Conflict"
+
+    current = emulator.api.store.get("pods", "default", "raced")
+    assert current is not None
+    writes = 0
+    named = {**current, "metadata": {**current["metadata"], "labels": {"replaced": "yes"}}}
+    lost = await emulator.api.update(kind, "default", "raced", named)
+    assert isinstance(lost, status.Failure) and lost.code == 409, "an update naming the version it read loses the race"
+    writes = 0
+    current = emulator.api.store.get("pods", "default", "raced")
+    assert current is not None
+    unconditional = {**current, "metadata": {**current["metadata"], "labels": {"replaced": "yes"}}}
+    del unconditional["metadata"]["resourceVersion"]
+    replaced = await emulator.api.update(kind, "default", "raced", unconditional)
+    assert not isinstance(replaced, status.Failure), replaced
+    assert replaced["metadata"]["labels"] == {"replaced": "yes"}
