@@ -98,7 +98,9 @@ class Room:
         self._wanted = list(needed.items())
         self._eligible = [frozenset(searcher.eligible(shape.constraints)) for shape in needed]
         self._classes = frozenset(cls for classes in self._eligible for cls in classes)
-        self._short_by_look: dict[tuple[capacity.Look | None, int], list[tuple[shapes.Shape, int, int]]] = {}
+        self._short_by_look: dict[
+            tuple[capacity.Look | None, int], tuple[list[tuple[shapes.Shape, int, int]], Free]
+        ] = {}
 
     def nodes_of(self, pods: Iterable[model.Pod]) -> list[model.NodeName]:
         """The nodes of ``pods`` that some pod of the minimum may use, in first-seen order."""
@@ -112,34 +114,36 @@ class Room:
                 found.append(name)
         return found
 
-    def _short(self, name: model.NodeName) -> tuple[nodework.NodeWork, list[tuple[shapes.Shape, int, int]]]:
-        """The node, and the shapes it lacks room for (it holds fewer of them than the minimum has): each with that
-        minimum count and the count it holds now. Kept per look and free pod slots (a look counts slots only up to
-        ``capacity.LOOK_POD_SLOTS``, a minimum may need more), which also tells when the node changed: it is then
-        filed under another look."""
+    def _short(self, name: model.NodeName) -> tuple[nodework.NodeWork, list[tuple[shapes.Shape, int, int]], Free]:
+        """The node, the shapes it lacks room for (it holds fewer of them than the minimum has): each with that
+        minimum count and the count it holds now, and its free room now. Kept per look and free pod slots (a look
+        counts slots only up to ``capacity.LOOK_POD_SLOTS``, a minimum may need more), which also tells when the
+        node changed: it is then filed under another look. (Nodes of one look differ in nothing ``Free`` holds.)"""
         work = self._capacity.by_name[name]
         look = self._capacity.look_of[work.order]
         key = (look, work.free_pods)
         found = self._short_by_look.get(key) if look is not None else None
         if found is None:
             now = free_after(work, ())
-            found = []
+            short: list[tuple[shapes.Shape, int, int]] = []
             for (shape, needed), classes in zip(self._wanted, self._eligible, strict=True):
                 if work.cls in classes:
                     count = pods_that_fit(work, now, shape, needed)
                     if count < needed:
-                        found.append((shape, needed, count))
+                        short.append((shape, needed, count))
+            found = (short, now)
             if look is not None:
                 self._short_by_look[key] = found
-        return work, found
+        return work, found[0], found[1]
 
     def helps(self, name: model.NodeName, pooled: Sequence[model.Pod], pods: Sequence[model.Pod]) -> bool:
         """Do ``pods`` free something the node is short of for one more pod of the minimum, ``pooled`` gone?"""
-        work, short = self._short(name)
+        work, short, now = self._short(name)
         if not short:
             return False
         on_node = [pod for pod in pods if pod.node == name]
-        free = free_after(work, [pod for pod in pooled if pod.node == name])
+        leaving = [pod for pod in pooled if pod.node == name]
+        free = free_after(work, leaving) if leaving else now
         for shape, needed, _ in short:
             target = pods_that_fit(work, free, shape, needed) + 1
             if _gpu_fit(work, free, shape, target) < target and any(pod.devices for pod in on_node):
@@ -155,7 +159,7 @@ class Room:
 
     def gains(self, name: model.NodeName, leaving: Sequence[model.Pod]) -> bool:
         """Would the node hold more pods of the minimum once ``leaving`` are gone?"""
-        work, short = self._short(name)
+        work, short, _ = self._short(name)
         if not short:
             return False
         free = free_after(work, [pod for pod in leaving if pod.node == name])

@@ -161,7 +161,7 @@ class Reclaimer:
         fails this check can only be part of a valid reclaim if it is moved: ``validate`` would refuse any plan that
         evicts it. Asking first saves every attempt built on such a victim. The answer depends on the victim's queue
         and what it would lose alone, so it is kept per both while the draft stays as it is."""
-        amounts = sum((plan.pod_amounts(pod) for pod in victims.live_pods(unit, evicted)), model.ZERO)
+        amounts = victims.live_amounts(unit, evicted)
         key = (unit.group.queue, amounts)
         self._forget_if_changed()
         floors = self._floors

@@ -163,8 +163,21 @@ def can_take(unit: Unit, evicted: Container[model.PodUid]) -> bool:
 
 
 def live_pods(unit: Unit, evicted: Container[model.PodUid]) -> tuple[model.Pod, ...]:
-    """The unit's pods not evicted yet."""
-    return tuple(pod for pod in unit.pods if pod.uid not in evicted)
+    """The unit's pods not evicted yet (the unit's own tuple while none is: asked for every candidate of every
+    room-making attempt, and most units are one pod)."""
+    pods = unit.pods
+    if len(pods) == 1:
+        return () if pods[0].uid in evicted else pods
+    live = tuple(pod for pod in pods if pod.uid not in evicted)
+    return pods if len(live) == len(pods) else live
+
+
+def live_amounts(unit: Unit, evicted: Container[model.PodUid]) -> Resources:
+    """What the unit's pods not evicted yet hold, as queues count it."""
+    live = live_pods(unit, evicted)
+    if live is unit.pods:
+        return unit.amounts
+    return sum((plan.pod_amounts(pod) for pod in live), model.ZERO)
 
 
 def old_enough(unit: Unit, *, now_ns: int, min_runtime_ns: int) -> bool:
