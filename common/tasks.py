@@ -100,6 +100,10 @@ class TaskSet:
         task = asyncio.ensure_future(self._run(work, name or self._owner))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        # A task cancelled before it first ran (a shutdown right after a cycle submitted its bindings) never awaited
+        # ``work``: close it, or Python warns at exit that the coroutine was never awaited. Once the task is done,
+        # ``work`` has finished or never started, so closing it does nothing else.
+        task.add_done_callback(lambda _: work.close())
         return task
 
     async def _run(self, work: Coroutine[Any, Any, None], name: str) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+import warnings
 
 import pytest
 
@@ -150,3 +152,23 @@ async def test_a_task_set_reports_each_failure_to_its_owner() -> None:
     owned.spawn(broken(), name="bind")
     await owned.drain()
     assert reported == ["bind: 'gone'"]
+
+
+async def test_a_task_cancelled_before_it_ran_leaves_no_never_awaited_coroutine_behind() -> None:
+    owned = tasks.TaskSet("test")
+    ran: list[str] = []
+
+    async def work() -> None:
+        ran.append("ran")
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        task = owned.spawn(work(), name="binding")
+        await owned.cancel()
+        assert task.cancelled()
+        del task
+        for _ in range(3):
+            await asyncio.sleep(0)  # the loop lets go of the task's last step
+        gc.collect()
+    assert ran == []
+    assert not [warning for warning in caught if "never awaited" in str(warning.message)], caught
