@@ -46,6 +46,13 @@ def _bytes(raw: object) -> int:
     return value
 
 
+def _eviction_multiple(raw: object) -> int:
+    text = str(raw).strip()
+    if not (text.isascii() and text.isdigit()) or int(text) > 100:
+        raise ValueError(f"{raw!r} is not a whole multiple within 0..100 (0: no budget)")
+    return int(text)
+
+
 def _percent(raw: object) -> int:
     text = str(raw).strip().removesuffix("%")
     if not (text.isascii() and text.isdigit()) or int(text) > 100:
@@ -357,6 +364,13 @@ SETTINGS: tuple[Setting[object], ...] = (
     Setting(
         name="cpu_strategy", parse=config.choice("binpack", "spread"), default="binpack", help="node order for CPU pods"
     ),
+    Setting(
+        name="reclaim_eviction_multiple",
+        parse=_eviction_multiple,
+        default=0,
+        help="when positive, one reclaim for GPU work never evicts more GPU than this multiple of what it frees "
+        "(0: no budget, as KAI)",
+    ),
     *WEBHOOK_SETTINGS,
     *RESERVATION_SETTINGS,
     *config.LOG_SETTINGS,
@@ -417,6 +431,7 @@ def settings_from(values: Mapping[str, object]) -> Settings:
         cpu_strategy=model.Strategy(str(values["cpu_strategy"])),
         stale_gang_grace_ns=int(float(str(values["stale_gang_grace"])) * 1_000_000_000),
         headroom_margin_bytes=int(str(values["headroom_margin"])),
+        reclaim_eviction_multiple=int(str(values["reclaim_eviction_multiple"])),
     )
     return Settings(
         kubeconfig=str(values["kubeconfig"]) if values["kubeconfig"] else None,
