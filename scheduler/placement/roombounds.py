@@ -124,12 +124,17 @@ class Candidates:
             yield index, unit
             index += 1
 
+    def drawn(self) -> Sequence[victims.Unit]:
+        """Every candidate within the bound, in order (drawing the rest now)."""
+        while self.get(len(self.seen)) is not None:
+            pass
+        return self.seen
+
     def on_node_after(self, node: model.NodeName, index: int) -> Iterator[victims.Unit]:
         """The candidates after ``index`` with a pod on ``node``, in order (every candidate is drawn once, then an
         index per node serves every later call)."""
         if self._by_node is None:
-            while self.get(len(self.seen)) is not None:
-                pass
+            self.drawn()
             by_node: dict[model.NodeName, list[int]] = {}
             for position, unit in enumerate(self.seen):
                 for name in dict.fromkeys(pod.node for pod in unit.pods if pod.node is not None):

@@ -25,8 +25,11 @@ scenario once the minimum and the moves are in place.
 The search is bounded by what the group asks for (``roombounds``: victim units evicted and candidates looked at per
 GPU asked; each attempt starts after the victims the cycle already took; a gang's minimum is tried again only once
 an upper bound says it may fit), and an attempt that failed is not repeated for a group of the same shapes (and, for
-reclaim and preemption, the same queue and priority) until some eviction changed the picture. Which units are
-candidates, and which of them are eligible, is each action's business (``evictions``).
+reclaim and preemption, the same queue and priority) until some eviction changed the picture; and once an attempt
+for some shapes failed in the cycle, a later attempt for the same shapes (another queue's group, or after evictions)
+first asks whether any node could gain room with every candidate gone (``_Search.could_gain``), which answers a
+cluster with no room for them without the scan. Which units are candidates, and which of them are eligible, is each
+action's business (``evictions``).
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ class Scene:
     """The earliest time at which such a decision would go the other way (``wake_at``); None: none known."""
     _victims: roombounds.VictimLists = dataclasses.field(init=False)
     _failures: dict[tuple[object, ...], int] = dataclasses.field(default_factory=dict)
+    _failed_shapes: set[tuple[object, ...]] = dataclasses.field(default_factory=set)
     movable_known: dict[tuple[shapes.Shape, ...], bool] = dataclasses.field(default_factory=dict)
     """``movable``'s answers per victim shapes, valid while the draft's version is ``movable_at``."""
     movable_at: int = -1
@@ -91,8 +95,13 @@ class Scene:
         """Did an attempt with this key fail with no eviction made since (so it would fail again)?"""
         return self._failures.get(key) == len(self.draft.evictions)
 
-    def note_failure(self, key: tuple[object, ...]) -> None:
+    def note_failure(self, key: tuple[object, ...], shapes_key: tuple[object, ...]) -> None:
         self._failures[key] = len(self.draft.evictions)
+        self._failed_shapes.add(shapes_key)
+
+    def shapes_failed(self, shapes_key: tuple[object, ...]) -> bool:
+        """Did an attempt of this action for these shapes fail earlier in the cycle, for any group?"""
+        return shapes_key in self._failed_shapes
 
     def old_enough(self, unit: victims.Unit, min_runtime_ns: int) -> bool:
         """The min-runtime check, noting that the answer depends on the time (and when it changes)."""
@@ -227,6 +236,7 @@ def make_room(
     wanted = frozenset(collections.Counter(scene.pod_shapes[pod.uid] for pod in minimum).items())
     # Consolidation does not depend on the group's queue; reclaim and preemption do (standing, priority).
     memo = (reason, wanted) if moves else (reason, group.queue, group.priority, wanted)
+    shapes_key = (reason, wanted)
     if scene.failed_before(memo):
         return False
     wanted_shapes = [scene.pod_shapes[pod.uid] for pod in minimum]
@@ -243,9 +253,12 @@ def make_room(
         moves=moves,
         validate=validate,
     )
-    if search.run():
+    # Where an attempt for these shapes already failed this cycle (a group of another queue, or before evictions
+    # changed the picture), the cluster is likely to have no room for them at all: first ask whether any node could
+    # gain room with every candidate gone, which is cheaper than a scan that looks at every candidate to fail.
+    if (not scene.shapes_failed(shapes_key) or search.could_gain()) and search.run():
         return True
-    scene.note_failure(memo)
+    scene.note_failure(memo, shapes_key)
     return False
 
 
@@ -286,6 +299,24 @@ class _Search:
         self.chosen: list[victims.Unit] = []
         self.freed = 0
         self.message = justification(scene, reason=reason, beneficiary=group, minimum=minimum)
+
+    def could_gain(self) -> bool:
+        """Would any node gain room for a pod of the minimum if every takeable candidate within the bound left it?
+
+        If not, no pool can ever make a node ready (a pool is some of a node's candidates, and room only grows with
+        what leaves), so the scan would look at every candidate and fail: this says so without the pools and the
+        eligibility checks, and without their min-runtime wake-ups (no victim's ageing could change the answer) or
+        their refusals (the group's status says that evicting every victim would not make room, which is then
+        exactly true)."""
+        leaving: dict[model.NodeName, list[model.Pod]] = {}
+        for unit in self.candidates.drawn():
+            if not self._takeable(unit):
+                continue
+            for pod in self._live(unit):
+                if pod.node is not None:
+                    leaving.setdefault(pod.node, []).append(pod)
+        usable = self.room.nodes_of(pods[0] for pods in leaving.values())
+        return any(self.room.gains(name, leaving[name]) for name in usable)
 
     def run(self) -> bool:
         if not self._scan():

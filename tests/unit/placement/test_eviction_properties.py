@@ -11,14 +11,17 @@ action; sometimes a queue that held work in the first wave is deleted before the
   state the plan leaves (its whole gang, when the gang goes whole);
 - no gang or subgroup is left below its minimum by the plan: a gang keeps its minimum (and its subgroup tree, and
   each subgroup that held its own minimum keeps it or goes whole) or goes whole;
-- groups of a queue that does not exist are never placed and wait with ``QueueDoesNotExist``, and nothing raises.
+- groups of a queue that does not exist are never placed and wait with ``QueueDoesNotExist``, and nothing raises;
+- room-making's precheck (``roommaking._Search.could_gain``) changes nothing that is placed, evicted, moved or
+  nominated: the cycle with it always answering "maybe" decides the same.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from unittest import mock
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from common.resources import Resources
@@ -32,6 +35,7 @@ from scheduler.placement import (
     gangs,
     model,
     plan,
+    roommaking,
     search,
     shapes,
     status,
@@ -310,3 +314,36 @@ def test_groups_of_a_queue_that_does_not_exist_wait_and_nothing_raises(
     warm = engine.Engine()
     warm.run(snapshot)
     assert warm.run(snapshot) == result, "a warm engine planned differently from a fresh one"
+
+
+def _decisions(result: plan.Plan) -> tuple[object, ...]:
+    return (
+        sorted((p.pod, p.node, p.devices, p.share_milli) for p in result.placements),
+        sorted((e.pod, e.node, e.reason, e.beneficiary, e.moved_to) for e in result.evictions),
+        sorted((p.pod, p.node, p.devices) for p in result.nominations),
+        sorted((p.pod, p.node, p.devices) for p in result.moves),
+    )
+
+
+@_SETTINGS
+@given(_case())
+def test_the_room_precheck_changes_no_placement_eviction_move_or_nomination(
+    case: tuple[model.Snapshot, list[model.Group], bool],
+) -> None:
+    snapshot, checked = _second_cycle(case)
+    could_gain = roommaking._Search.could_gain
+    refused = 0
+
+    def counted(self: roommaking._Search) -> bool:
+        nonlocal refused
+        answer = could_gain(self)
+        refused += not answer
+        return answer
+
+    with mock.patch.object(roommaking._Search, "could_gain", counted):
+        again = engine.Engine().run(snapshot)
+    with mock.patch.object(roommaking._Search, "could_gain", lambda self: True):
+        scanned = engine.Engine().run(snapshot)
+    event("the precheck refused an attempt" if refused else "the precheck refused nothing")
+    assert _decisions(again) == _decisions(checked)
+    assert _decisions(scanned) == _decisions(checked)
