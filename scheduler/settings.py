@@ -32,11 +32,19 @@ def _names(raw: object) -> tuple[str, ...]:
     return names
 
 
-def _stream_replicas(raw: object) -> int:
-    text = str(raw).strip()
-    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 5:
-        raise ValueError(f"{raw!r} is not a replica count within 1..5 (JetStream's limit)")
+def _whole(text: str, low: int, high: int) -> int | None:
+    """``text`` as a whole number within ``low..high``; None when it is not one."""
+    text = text.strip()
+    if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
+        return None
     return int(text)
+
+
+def _stream_replicas(raw: object) -> int:
+    value = _whole(str(raw), 1, 5)
+    if value is None:
+        raise ValueError(f"{raw!r} is not a replica count within 1..5 (JetStream's limit)")
+    return value
 
 
 def _bytes(raw: object) -> int:
@@ -47,17 +55,17 @@ def _bytes(raw: object) -> int:
 
 
 def _eviction_multiple(raw: object) -> int:
-    text = str(raw).strip()
-    if not (text.isascii() and text.isdigit()) or int(text) > 100:
+    value = _whole(str(raw), 0, 100)
+    if value is None:
         raise ValueError(f"{raw!r} is not a whole multiple within 0..100 (0: no budget)")
-    return int(text)
+    return value
 
 
 def _percent(raw: object) -> int:
-    text = str(raw).strip().removesuffix("%")
-    if not (text.isascii() and text.isdigit()) or int(text) > 100:
+    value = _whole(str(raw).strip().removesuffix("%"), 0, 100)
+    if value is None:
         raise ValueError(f"{raw!r} is not a whole percentage within 0..100")
-    return int(text)
+    return value
 
 
 TELEMETRY_SETTINGS: tuple[Setting[object], ...] = (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from common.resources import Resources
-from scheduler.placement import model
+from scheduler.placement import model, plan
 
 GIB = 1024**3
 
@@ -73,3 +73,13 @@ def open_queues() -> list[model.Queue]:
         model.Queue(name=model.QueueName("default")),
         model.Queue(name=model.QueueName("test"), parent=model.QueueName("default")),
     ]
+
+
+def decisions(result: plan.Plan) -> tuple[object, ...]:
+    """What a plan places, evicts, moves and nominates, in a form two plans can be compared by (statuses aside)."""
+    return (
+        sorted((p.pod, p.node, p.devices, p.share_milli) for p in result.placements),
+        sorted((e.pod, e.node, e.reason, e.beneficiary, e.moved_to) for e in result.evictions),
+        sorted((p.pod, p.node, p.devices) for p in result.nominations),
+        sorted((p.pod, p.node, p.devices) for p in result.moves),
+    )

@@ -12,8 +12,8 @@ action; sometimes a queue that held work in the first wave is deleted before the
 - no gang or subgroup is left below its minimum by the plan: a gang keeps its minimum (and its subgroup tree, and
   each subgroup that held its own minimum keeps it or goes whole) or goes whole;
 - groups of a queue that does not exist are never placed and wait with ``QueueDoesNotExist``, and nothing raises;
-- room-making's precheck (``roommaking._Search.could_gain``) changes nothing that is placed, evicted, moved or
-  nominated: the cycle with it always answering "maybe" decides the same.
+- room-making's precheck (``roommaking._Search.could_gain``), asked before every attempt, refuses only attempts whose
+  scan fails, and changes nothing that is placed, evicted, moved or nominated.
 """
 
 from __future__ import annotations
@@ -316,34 +316,29 @@ def test_groups_of_a_queue_that_does_not_exist_wait_and_nothing_raises(
     assert warm.run(snapshot) == result, "a warm engine planned differently from a fresh one"
 
 
-def _decisions(result: plan.Plan) -> tuple[object, ...]:
-    return (
-        sorted((p.pod, p.node, p.devices, p.share_milli) for p in result.placements),
-        sorted((e.pod, e.node, e.reason, e.beneficiary, e.moved_to) for e in result.evictions),
-        sorted((p.pod, p.node, p.devices) for p in result.nominations),
-        sorted((p.pod, p.node, p.devices) for p in result.moves),
-    )
-
-
 @_SETTINGS
 @given(_case())
-def test_the_room_precheck_changes_no_placement_eviction_move_or_nomination(
+def test_the_room_precheck_refuses_only_attempts_the_scan_would_fail_and_changes_no_decision(
     case: tuple[model.Snapshot, list[model.Group], bool],
 ) -> None:
+    """The precheck asked before every attempt (not only after a failure of the same shapes): each time it refuses,
+    the scan it spares must fail too, and the cycle decides as without the precheck."""
     snapshot, checked = _second_cycle(case)
-    could_gain = roommaking._Search.could_gain
+    could_gain, scan = roommaking._Search.could_gain, roommaking._Search.run
     refused = 0
 
-    def counted(self: roommaking._Search) -> bool:
+    def checked_precheck(self: roommaking._Search) -> bool:
         nonlocal refused
         answer = could_gain(self)
-        refused += not answer
+        if not answer:
+            refused += 1
+            assert not scan(self), "the precheck refused an attempt that the scan made room for"
         return answer
 
-    with mock.patch.object(roommaking._Search, "could_gain", counted):
-        again = engine.Engine().run(snapshot)
-    with mock.patch.object(roommaking._Search, "could_gain", lambda self: True):
-        scanned = engine.Engine().run(snapshot)
+    with (
+        mock.patch.object(roommaking.Scene, "shapes_failed", lambda self, key: True),
+        mock.patch.object(roommaking._Search, "could_gain", checked_precheck),
+    ):
+        prechecked = engine.Engine().run(snapshot)
     event("the precheck refused an attempt" if refused else "the precheck refused nothing")
-    assert _decisions(again) == _decisions(checked)
-    assert _decisions(scanned) == _decisions(checked)
+    assert builders.decisions(prechecked) == builders.decisions(checked)

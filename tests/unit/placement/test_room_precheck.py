@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import Any
 from unittest import mock
 
-from scheduler.placement import applying, engine, model, plan, roommaking, status
+from scheduler.placement import applying, engine, model, roommaking, status
 from tests.unit.placement import builders
 
 NS = 1_000_000_000
@@ -82,14 +82,6 @@ def _counting(*, precheck: bool) -> Iterator[collections.Counter[str]]:
         yield counted
 
 
-def _decisions(result: plan.Plan) -> tuple[object, ...]:
-    return (
-        sorted((p.pod, p.node, p.devices) for p in result.placements),
-        sorted((e.pod, e.node, e.reason, e.beneficiary, e.moved_to) for e in result.evictions),
-        sorted((p.pod, p.node, p.devices) for p in result.nominations),
-    )
-
-
 def test_a_second_queue_asking_for_shapes_no_eviction_can_serve_is_answered_without_a_scan() -> None:
     with _counting(precheck=True) as counted:
         result = engine.Engine().run(_cluster())
@@ -111,4 +103,4 @@ def test_the_precheck_changes_nothing_that_is_placed_evicted_or_nominated() -> N
     with _counting(precheck=False) as counted:
         scanned = engine.Engine().run(snapshot)
     assert counted["scan z reclaim"] == 1, "without the precheck, z's reclaim scans"
-    assert _decisions(checked) == _decisions(scanned)
+    assert builders.decisions(checked) == builders.decisions(scanned)
