@@ -147,6 +147,11 @@ class Capacity:
         """Bumped when ``look_log`` starts afresh (nodes rebuilt, or the log grew long)."""
         self._noted_depth = -1
         """The deepest point of the undo log at which a search found nothing since the last rollback past it."""
+        self.changes: list[int] = []
+        """Every node (by order) changed in this cycle (a placement, an eviction, a rollback), in order and with
+        repeats: what ``earliest`` reads to bring its answers up to date. ``sync`` starts it afresh."""
+        self.changes_epoch = 0
+        """Bumped when ``changes`` starts afresh: an older position in it means nothing."""
 
     # --- keeping in step with the snapshot ------------------------------------------------------------------
 
@@ -160,6 +165,8 @@ class Capacity:
         """
         if self.undo:
             raise RuntimeError("Capacity.sync during a cycle: roll back first")
+        self.changes = []
+        self.changes_epoch += 1
         if not label_keys <= self.label_keys:
             self.label_keys = self.label_keys | label_keys
             self._rebuild(nodes, margin_bytes)
@@ -317,6 +324,7 @@ class Capacity:
             raise RuntimeError(f"Capacity.end({work.name}) without its begin")
         work.note_pod_gpus(saved.dev_whole)
         self._index(work)
+        self.changes.append(work.order)
 
     def checkpoint(self) -> int:
         return len(self.undo)
@@ -347,6 +355,7 @@ class Capacity:
             self._unindex(work)
             work.restore(saved)
             self._index(work)
+            self.changes.append(work.order)
 
 
 def _look_key(work: nodework.NodeWork) -> tuple[object, ...]:

@@ -25,9 +25,13 @@ from common.resources import Resources
 from scheduler.placement import decisions, gangs, model, plan, reclaimable, roommaking, status, subgroups, victims
 
 
+def _all_groups(scene: roommaking.Scene) -> list[model.Group]:
+    return [group for leaf in sorted(scene.running) for group in scene.running[leaf]]
+
+
 def _everyone(scene: roommaking.Scene) -> Iterator[victims.Unit]:
     """Every preemptible running unit of every queue, in victim order (from the first not evicted yet)."""
-    return scene.candidates("all", lambda: [group for leaf in sorted(scene.running) for group in scene.running[leaf]])
+    return scene.candidates("all", lambda: _all_groups(scene))
 
 
 def reclaim(scene: roommaking.Scene, group: model.Group, pods: Sequence[model.Pod], amounts: Resources) -> str | None:
@@ -65,11 +69,15 @@ def reclaim(scene: roommaking.Scene, group: model.Group, pods: Sequence[model.Po
     budget: int | None = None
     if multiple > 0 and amounts.milli_gpu > 0:
         budget = multiple * amounts.milli_gpu
+    units, start = scene.listed("all", lambda: _all_groups(scene))
+    candidates = roommaking.Listed(key="all", units=units, start=start, queues=frozenset(givers))
+    # A min-runtime makes ``eligible`` note when a victim comes of age: only the walk asks it of every candidate.
+    timed = any(queue.reclaim_min_runtime_ns > 0 for name in givers if (queue := queues.get(name)) is not None)
     done = roommaking.make_room(
         scene,
         group=group,
         minimum=pods,
-        candidates=(unit for unit in _everyone(scene) if unit.group.queue in givers),
+        candidates=candidates.candidates() if timed else candidates,
         reason=decisions.EvictionReason.RECLAIM,
         eligible=eligible,
         budget=budget,

@@ -114,6 +114,11 @@ class Room:
                 found.append(name)
         return found
 
+    def usable(self, name: model.NodeName) -> bool:
+        """May some pod of the minimum use the node?"""
+        work = self._capacity.by_name.get(name)
+        return work is not None and work.cls in self._classes
+
     def _short(self, name: model.NodeName) -> tuple[nodework.NodeWork, list[tuple[shapes.Shape, int, int]], Free]:
         """The node, the shapes it lacks room for (it holds fewer of them than the minimum has): each with that
         minimum count and the count it holds now, and its free room now. Kept per look and free pod slots (a look

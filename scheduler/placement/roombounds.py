@@ -70,6 +70,12 @@ class VictimLists:
     def live(self, key: object, groups: Callable[[], list[model.Group]]) -> Iterator[victims.Unit]:
         """The units of ``groups`` (preemptible ones, cut before any eviction of this cycle) in victim order, from
         the first with a pod not evicted."""
+        found, start = self.listed(key, groups)
+        return itertools.islice(found, start, None)
+
+    def listed(self, key: object, groups: Callable[[], list[model.Group]]) -> tuple[Sequence[victims.Unit], int]:
+        """The units of ``groups`` in victim order (the same list all cycle) and the position of the first one with
+        a pod not evicted: ``live`` is the list from there."""
         found = self._sorted.get(key)
         if found is None:
             found = sorted(
@@ -77,7 +83,7 @@ class VictimLists:
                 key=lambda unit: unit.order_key,
             )
             self._sorted[key] = found
-        return itertools.islice(found, self._first_live(key, found), None)
+        return found, self._first_live(key, found)
 
     def _first_live(self, key: object, units: Sequence[victims.Unit]) -> int:
         """The units before the one found last time stay evicted as long as the draft's evictions up to the last one

@@ -30,16 +30,28 @@ for some shapes failed in the cycle, a later attempt for the same shapes (anothe
 first asks whether any node could gain room with every candidate gone (``_Search.could_gain``), which answers a
 cluster with no room for them without the scan. Which units are candidates, and which of them are eligible, is each
 action's business (``evictions``).
+
+For one pod (most reclaims on a busy cluster), the walk's first step is found node by node instead (``earliest``):
+which node the walk finds ready first depends on each node's own candidates only, so the nodes are looked at in order
+of a lower bound kept for the whole cycle, each walked alone, until no node can come before the best one found. It
+ends where the walk's first step ends (the same pool evicted, the same reservation), or finds that no node would be
+ready (the walk fails: ``eligible`` is then asked of the candidates as the walk asks it, for the reasons it leaves);
+where the walk would go on past its first step, it walks from the start. The precheck above is not asked then: the
+bounds answer a cluster without room as fast.
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
+import functools
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from scheduler.placement import (
     decisions,
+    earliest,
     fairshare,
     freeing,
     gangs,
@@ -82,6 +94,10 @@ class Scene:
     movable_known: dict[tuple[shapes.Shape, ...], bool] = dataclasses.field(default_factory=dict)
     """``movable``'s answers per victim shapes, valid while the draft's version is ``movable_at``."""
     movable_at: int = -1
+    _positions: dict[object, earliest.Positions] = dataclasses.field(default_factory=dict)
+    _earliest: dict[
+        tuple[object, frozenset[tuple[shapes.Shape, int]], frozenset[model.QueueName]], earliest.Earliest
+    ] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._victims = roombounds.VictimLists(self.draft, self.units)
@@ -90,6 +106,32 @@ class Scene:
         """The victim units of ``groups`` (preemptible ones only) in victim order, sorted once per cycle, from the
         first one with a pod not evicted yet (``roombounds.VictimLists``); ``make_room`` skips pods evicted since."""
         return self._victims.live(key, groups)
+
+    def listed(self, key: object, groups: Callable[[], list[model.Group]]) -> tuple[Sequence[victims.Unit], int]:
+        """The same units as ``candidates``: the whole list and the position ``candidates`` starts from."""
+        return self._victims.listed(key, groups)
+
+    def earliest(
+        self,
+        key: object,
+        units: Sequence[victims.Unit],
+        wanted: frozenset[tuple[shapes.Shape, int]],
+        queues: frozenset[model.QueueName],
+        room: freeing.Room,
+    ) -> earliest.Earliest:
+        """The bounds of ``earliest`` for the list ``key`` (``units``), the units of ``queues`` and a minimum of
+        ``wanted`` shapes, kept for the rest of the cycle and brought up to date with its changes."""
+        positions = self._positions.get(key)
+        if positions is None or positions.units is not units:
+            positions = self._positions[key] = earliest.Positions(units)
+        found = self._earliest.get((key, wanted, queues))
+        if found is None:
+            found = self._earliest[(key, wanted, queues)] = earliest.Earliest(
+                positions, room, self.searcher.capacity, self.draft.evicted, queues
+            )
+        else:
+            found.sync()
+        return found
 
     def failed_before(self, key: tuple[object, ...]) -> bool:
         """Did an attempt with this key fail with no eviction made since (so it would fail again)?"""
@@ -215,12 +257,30 @@ def _move_victims(scene: Scene, chosen: Sequence[victims.Unit], *, required: boo
     return True
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Listed:
+    """Where an action's candidates come from, so that the walk's first step can be found node by node
+    (``earliest``): the units of the cycle's victim list ``key`` from position ``start`` on whose queue is one of
+    ``queues``. Only for an action whose ``eligible`` leaves no trace on the scene (no min-runtime in play: the walk
+    asks it of every candidate it passes, the node-by-node search of fewer)."""
+
+    key: object
+    units: Sequence[victims.Unit]
+    start: int
+    queues: frozenset[model.QueueName]
+
+    def candidates(self) -> Iterator[victims.Unit]:
+        """The candidates, in victim order."""
+        queues = self.queues
+        return (unit for unit in itertools.islice(self.units, self.start, None) if unit.group.queue in queues)
+
+
 def make_room(
     scene: Scene,
     *,
     group: model.Group,
     minimum: Sequence[model.Pod],
-    candidates: Iterable[victims.Unit],
+    candidates: Iterable[victims.Unit] | Listed,
     reason: decisions.EvictionReason,
     eligible: Callable[[victims.Unit], bool],
     budget: int | None = None,
@@ -231,7 +291,8 @@ def make_room(
 
     ``eligible`` is asked when a unit joins a pool and again before it is evicted (earlier evictions change queues'
     standing). ``budget`` caps the GPU (milli) evicted. With ``moves`` every evicted pod must be placed again.
-    ``validate`` judges the draft once the minimum is placed.
+    ``validate`` judges the draft once the minimum is placed. Candidates given as ``Listed`` let an attempt for one
+    pod find the walk's first step node by node (``earliest``), with the same outcome.
     """
     wanted = frozenset(collections.Counter(scene.pod_shapes[pod.uid] for pod in minimum).items())
     # Consolidation does not depend on the group's queue; reclaim and preemption do (standing, priority).
@@ -241,11 +302,18 @@ def make_room(
         return False
     wanted_shapes = [scene.pod_shapes[pod.uid] for pod in minimum]
     units, scanned = roombounds.limits(wanted_shapes)
+    listed: Listed | None = None
+    if isinstance(candidates, Listed):
+        listed = candidates if budget is None and not moves and len(minimum) == 1 else None
+        candidates = candidates.candidates()
     search = _Search(
         scene,
         group=group,
         minimum=minimum,
         candidates=roombounds.Candidates(candidates, scanned),
+        listed=listed,
+        wanted=wanted,
+        scanned=scanned,
         max_units=units,
         reason=reason,
         eligible=eligible,
@@ -256,7 +324,7 @@ def make_room(
     # Where an attempt for these shapes already failed this cycle (a group of another queue, or before evictions
     # changed the picture), the cluster is likely to have no room for them at all: first ask whether any node could
     # gain room with every candidate gone, which is cheaper than a scan that looks at every candidate to fail.
-    if (not scene.shapes_failed(shapes_key) or search.could_gain()) and search.run():
+    if (listed is not None or not scene.shapes_failed(shapes_key) or search.could_gain()) and search.run():
         return True
     scene.note_failure(memo, shapes_key)
     return False
@@ -272,6 +340,9 @@ class _Search:
         group: model.Group,
         minimum: Sequence[model.Pod],
         candidates: roombounds.Candidates,
+        listed: Listed | None,
+        wanted: frozenset[tuple[shapes.Shape, int]],
+        scanned: int,
         max_units: int,
         reason: decisions.EvictionReason,
         eligible: Callable[[victims.Unit], bool],
@@ -284,6 +355,9 @@ class _Search:
         self.group = group
         self.minimum = minimum
         self.candidates = candidates
+        self.listed = listed
+        self.wanted = wanted
+        self.scanned = scanned
         self.max_units = max_units
         self.fit_bound: roombounds.FitBound | None = None
         self.failed_settles = 0
@@ -319,9 +393,30 @@ class _Search:
         return any(self.room.gains(name, leaving[name]) for name in usable)
 
     def run(self) -> bool:
+        if self.listed is not None:
+            step = self._first_step()
+            if step is None:
+                return False
+            if step and self._keep_needed():
+                return True
+            # The walk goes on past its first step here: walk it all, from the start.
+            self._restart()
         if not self._scan():
             self.draft.rollback(self.start)
             return False
+        return self._keep_needed()
+
+    def _restart(self) -> None:
+        self.draft.rollback(self.start)
+        self.pools = {}
+        self.pooled_gpu = {}
+        self.chosen = []
+        self.freed = 0
+        self.failed_settles = 0
+        self.fit_bound = None
+
+    def _keep_needed(self) -> bool:
+        """With the minimum placed, evict only the chosen units it needs; False (all undone) when it no longer fits."""
         # Drop the units that were not needed after all, in the order they were chosen (each try places the
         # minimum again). Past roombounds.UNITS of them (a large gang), one try instead: without the units on
         # nodes where no pod of the minimum went.
@@ -374,7 +469,7 @@ class _Search:
                 continue
             batch = self.pools.pop(ready)
             self.pooled_gpu.pop(ready)
-            single = self._single(ready, batch, index)
+            single = self._single(ready, batch, functools.partial(self.candidates.on_node_after, ready, index))
             if single is not None:
                 self.pools[ready] = batch  # kept for later: the node's room came from one unit alone
                 self.pooled_gpu[ready] = sum(plan.held_milli_gpu(pod) for unit in batch for pod in self._live(unit))
@@ -395,6 +490,99 @@ class _Search:
             self.draft.rollback(probe)
             self.failed_settles += 1
         return False
+
+    def _first_step(self) -> bool | None:
+        """The walk's first step (``_scan`` up to its first try of the minimum), found node by node (``earliest``):
+        True when the minimum fits after it, the draft then as the walk leaves it; False where the walk would go on
+        (the first try failed); None when the walk would find no node ready (it fails: ``eligible`` is then asked
+        of the candidates as the walk asks it, which may leave its reasons)."""
+        listed = self.listed
+        if listed is None:
+            return False
+        bounds = self.scene.earliest(listed.key, listed.units, self.wanted, listed.queues, self.room)
+        positions = bounds.positions
+        end = positions.window_end(listed.start, listed.queues, self.scanned)
+        found = self._first_ready(bounds, end)
+        if found is None:
+            for unit in self.candidates.drawn():
+                if self._takeable(unit) and self.room.nodes_of(self._live(unit)):
+                    self.eligible(unit)
+            return None
+        position, node, pool = found
+        units = listed.units
+        on_node = positions.by_node[node]
+        queues = listed.queues
+
+        def after() -> Iterator[victims.Unit]:
+            for later in on_node[bisect.bisect_right(on_node, position) :]:
+                if later >= end:
+                    return
+                if units[later].group.queue in queues:
+                    yield units[later]
+
+        single = self._single(node, pool, after)
+        batch = [single] if single is not None else pool
+        return self._evict(batch, newest=units[position]) and self._may_fit(batch) and self._settle(self.chosen)
+
+    def _first_ready(
+        self, bounds: earliest.Earliest, end: int
+    ) -> tuple[int, model.NodeName, list[victims.Unit]] | None:
+        """The node the walk finds ready first among the candidates before ``end``, the position of the candidate
+        that makes it so and the node's pool then; None when no node is. Nodes are looked at in order of their
+        bounds, until the next bound is past the best node found (a tie goes to the node the walk pools first)."""
+        ready = bounds.ready
+        best: tuple[int, int, model.NodeName, list[victims.Unit]] | None = None
+        known: dict[int, bool] = {}
+        next_node = 0
+        while True:
+            limit = best[0] if best is not None else end - 1
+            if next_node < len(ready) and ready[next_node][0] <= limit:
+                name = ready[next_node][1]
+                next_node += 1
+                found = self._first_on(bounds.positions, name, limit, known)
+                if found is not None and (best is None or found[:2] < best[:2]):
+                    best = (found[0], found[1], name, found[2])
+                continue
+            if bounds.frontier <= limit and not bounds.done():
+                bounds.sweep(limit + 1)
+                continue
+            return None if best is None else (best[0], best[2], best[3])
+
+    def _first_on(
+        self, positions: earliest.Positions, name: model.NodeName, limit: int, known: dict[int, bool]
+    ) -> tuple[int, int, list[victims.Unit]] | None:
+        """The walk on one node: its candidates up to position ``limit`` pooled as ``_pool`` pools them. The
+        position at which the node's pool gives it room, the node's rank among the nodes of that candidate (the walk
+        takes the first that gains) and the pool; None when it does not gain by ``limit``. ``known``: the answers of
+        ``eligible`` so far, per position (asked once per candidate, as the walk does)."""
+        listed = self.listed
+        assert listed is not None
+        units = listed.units
+        queues = listed.queues
+        room = self.room
+        pool: list[victims.Unit] = []
+        pooled: list[model.Pod] = []
+        on_node = positions.by_node.get(name, [])
+        for position in on_node[bisect.bisect_left(on_node, listed.start) :]:
+            if position > limit:
+                break
+            unit = units[position]
+            if unit.group.queue not in queues or not self._takeable(unit):
+                continue
+            live = self._live(unit)
+            nodes = room.nodes_of(live)
+            if name not in nodes:
+                continue
+            eligible = known.get(position)
+            if eligible is None:
+                eligible = known[position] = self.eligible(unit)
+            if not eligible or not room.helps(name, pooled, live):
+                continue
+            pool.append(unit)
+            pooled.extend(live)
+            if room.gains(name, pooled):
+                return position, nodes.index(name), pool
+        return None
 
     def _may_fit(self, batch: Sequence[victims.Unit]) -> bool:
         """Could the minimum fit now? After a gang's first failed tries, an upper bound answers (it only says no
@@ -430,15 +618,18 @@ class _Search:
                 ready = name
         return ready
 
-    def _single(self, node: model.NodeName, batch: list[victims.Unit], index: int) -> victims.Unit | None:
-        """A later candidate that alone gives ``node`` the room ``batch`` would, disturbing fewer pods and no more
-        GPU (KAI's "no need to preempt both"); None when there is none."""
+    def _single(
+        self, node: model.NodeName, batch: list[victims.Unit], after: Callable[[], Iterable[victims.Unit]]
+    ) -> victims.Unit | None:
+        """A later candidate (``after``: the candidates on ``node`` after the last of ``batch``) that alone gives
+        ``node`` the room ``batch`` would, disturbing fewer pods and no more GPU (KAI's "no need to preempt both");
+        None when there is none."""
         pods = sum(len(self._live(unit)) for unit in batch)
         if pods <= 1:
             return None
         gpu = sum(plan.held_milli_gpu(pod) for unit in batch for pod in self._live(unit))
         top = max(unit.group.priority for unit in batch)
-        for later in self.candidates.on_node_after(node, index):
+        for later in after():
             if later.group.priority > top:
                 return None  # candidates come lowest priority first
             live = self._live(later)

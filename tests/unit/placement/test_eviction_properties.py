@@ -13,7 +13,10 @@ action; sometimes a queue that held work in the first wave is deleted before the
   each subgroup that held its own minimum keeps it or goes whole) or goes whole;
 - groups of a queue that does not exist are never placed and wait with ``QueueDoesNotExist``, and nothing raises;
 - room-making's precheck (``roommaking._Search.could_gain``), asked before every attempt, refuses only attempts whose
-  scan fails, and changes nothing that is placed, evicted, moved or nominated.
+  scan fails, and changes nothing that is placed, evicted, moved or nominated;
+- the walk's first step found node by node (``roommaking._Search._first_step``, ``earliest``) ends where the walk's
+  first step ends (the same evictions and reservation, or the same failure), and the cycle decides and explains as
+  with the walk alone.
 """
 
 from __future__ import annotations
@@ -342,3 +345,94 @@ def test_the_room_precheck_refuses_only_attempts_the_scan_would_fail_and_changes
         prechecked = engine.Engine().run(snapshot)
     event("the precheck refused an attempt" if refused else "the precheck refused nothing")
     assert builders.decisions(prechecked) == builders.decisions(checked)
+
+
+@st.composite
+def _one_pod(draw: st.DrawFn, gid: str, leaves: list[str], created: int) -> model.Group:
+    """A group of one pod: one or two whole GPUs, a share, or CPU only."""
+    kind = draw(st.sampled_from(["whole", "whole", "fraction", "cpu"]))
+    cpu = draw(st.sampled_from([500, 1000, 3000]))
+    if kind == "whole":
+        pod = builders.pod(f"{gid}-0", gpus=draw(st.integers(1, 2)), cpu=cpu, created=created)
+    elif kind == "fraction":
+        pod = builders.pod(f"{gid}-0", fraction=draw(st.sampled_from([250, 500, 750])), cpu=cpu, created=created)
+    else:
+        pod = builders.pod(f"{gid}-0", cpu=cpu, created=created)
+    group = builders.group(gid, pod, queue=draw(st.sampled_from(leaves)), priority=draw(st.sampled_from([50, 125])))
+    return dataclasses.replace(group, created_ns=created)
+
+
+@st.composite
+def _reclaim_case(draw: st.DrawFn) -> tuple[model.Snapshot, list[model.Group], bool]:
+    """A full cluster of up to 8 nodes, mostly one queue's work (some of it gangs), and a second wave of one-pod
+    groups of queues below their share: one-pod reclaims, which take their first step node by node."""
+    nodes = [
+        builders.node(f"n{index}", gpus=draw(st.integers(1, 4)), cpu=16000, pods=20)
+        for index in range(draw(st.integers(2, 8)))
+    ]
+    queues = [model.Queue(name=model.QueueName("d0"), created_ns=0)]
+    queues += [
+        model.Queue(
+            name=model.QueueName(leaf),
+            parent=model.QueueName("d0"),
+            gpu=_resource(draw, [0, 1000, 2000, 4000]),
+            created_ns=index,
+        )
+        for index, leaf in enumerate(["q0", "q1", "q2", "q3"])
+    ]
+    first = [
+        draw(st.one_of(_one_pod(f"g{index}", ["q0", "q0", "q3"], index), _group(f"g{index}", ["q0", "q3"], index)))
+        for index in range(draw(st.integers(4, 24)))
+    ]
+    later = [draw(_one_pod(f"h{index}", ["q1", "q2"], 100 + index)) for index in range(draw(st.integers(1, 8)))]
+    config = model.Config(
+        gpu_strategy=draw(st.sampled_from(list(model.Strategy))),
+        device_strategy=draw(st.sampled_from(list(model.Strategy))),
+    )
+    snapshot = model.snapshot(nodes=nodes, queues=queues, groups=first, now_ns=10**12, config=config)
+    return snapshot, later, False
+
+
+@_SETTINGS
+@given(st.one_of(_case(), _reclaim_case()))
+def test_the_first_step_found_node_by_node_is_the_walks_and_changes_no_decision(
+    case: tuple[model.Snapshot, list[model.Group], bool],
+) -> None:
+    """Every attempt that may take the first step node by node takes it, then walks from the start: where the first
+    step made room the walk makes the same room (the same evictions and reservation), where it found no node ready
+    the walk fails; and a cycle with the first step decides, and explains in its statuses, as one without it."""
+    snapshot, _ = _second_cycle(case)
+    run, first_step = roommaking._Search.run, roommaking._Search._first_step
+    outcomes: list[bool | None] = []
+
+    def drafted(draft: plan.Draft, mark: plan.Checkpoint) -> tuple[object, ...]:
+        return (
+            [(e.pod, e.node) for e in draft.evictions[mark.evictions :]],
+            [(p.pod, p.node, p.devices, p.share_milli) for p in draft.placements[mark.placements :]],
+        )
+
+    def checked_run(self: roommaking._Search) -> bool:
+        if self.listed is None:
+            return run(self)
+        mark = self.draft.checkpoint()
+        step = first_step(self)
+        outcomes.append(step)
+        stepped = drafted(self.draft, mark)
+        self._restart()
+        walked = self._scan()
+        if step is None:
+            assert not walked, "the first step found no node ready where the walk made room"
+        elif step:
+            assert walked, "the first step made room where the walk did not"
+            assert drafted(self.draft, mark) == stepped, "the first step made other room than the walk"
+        self._restart()
+        return run(self)
+
+    with mock.patch.object(roommaking._Search, "run", checked_run):
+        stepped = engine.Engine().run(snapshot)
+    with mock.patch.object(roommaking._Search, "_first_step", lambda self: False):
+        walked = engine.Engine().run(snapshot)
+    event("a first step made room" if True in outcomes else "no first step made room")
+    event("a first step found no node" if None in outcomes else "every first step found a node")
+    assert builders.decisions(stepped) == builders.decisions(walked)
+    assert stepped.statuses == walked.statuses

@@ -6,7 +6,10 @@ The precheck is a necessary condition only: it never changes what is placed, evi
 node holds, on GPU 0, a share of queue ``a`` (over its fair share: a giver) and a share of queue ``c`` that is not
 preemptible, and on GPU 1 a whole pod of ``c``. Queues ``b1`` and ``b2`` each ask for a whole GPU. No eviction can
 give one: ``c``'s share stays on GPU 0 whatever ``a`` gives up. ``x`` (of ``b1``) finds so by scanning; ``z`` (of
-``b2``, which KAI's scheduling signatures do not skip, being another queue) is answered by the precheck.
+``b2``, which KAI's scheduling signatures do not skip, being another queue) is answered by the precheck. The
+cluster sets a reclaim eviction budget (``reclaim_eviction_multiple``), which changes nothing here but keeps these
+one-pod reclaims on the walk: without one, room-making finds a one-pod group's first step node by node
+(``earliest``), whose bounds answer such a cluster as fast, and the precheck is not asked.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ def _cluster() -> model.Snapshot:
         builders.group("c-share", builders.pod("c-share", fraction=500), queue=C, priority=100, created=1),
         builders.group("c-whole", builders.pod("c-whole", gpus=1), queue=C, priority=100, created=2),
     ]
-    config = dataclasses.replace(model.DEFAULT_CONFIG, gpu_strategy=model.Strategy.BINPACK)
+    config = dataclasses.replace(model.DEFAULT_CONFIG, gpu_strategy=model.Strategy.BINPACK, reclaim_eviction_multiple=1)
     first = model.snapshot(
         nodes=[builders.node("n0", gpus=2)], queues=_queues(), groups=running, now_ns=NS, config=config
     )

@@ -1,0 +1,172 @@
+"""Where victims first give a node room: the answer of room-making's walk, found node by node.
+
+Room-making (``roommaking``) walks an action's candidate victims in victim order, pools each eligible one on the
+nodes it runs on, and acts on the first node whose pool gives it room for a pod of the minimum. On a full cluster
+that first node comes after hundreds of candidates (mostly shares: a GPU comes free for a whole-GPU pod only once
+every share on it is pooled), and every attempt of the cycle walked them again: a 5,000-node backlog spent most of
+its cycles there.
+
+The walk's answer depends on each node alone: a node's pool holds candidates that run on it, so the node is ready
+at the first position (in the cycle's victim list) at which its own pool gives it room. The walk stops at the
+smallest such position over all nodes. This module keeps, per minimum shapes and for the rest of the cycle, a lower
+bound of that position for every node (``Earliest``): the position at which *every* live victim unit on the node up
+to there would give it room, whoever's it is and whether or not an action may take it. Room only grows with what
+leaves (``freeing.free_after``), and an attempt's pool on a node is some of those units, so no attempt's node can
+be ready before its bound. An attempt then looks at nodes in order of their bounds, walks each one's own
+candidates exactly as the walk would (``roommaking``), and stops once the next bound is past the best node found:
+the same node and position as the walk, after looking at a few nodes instead of every candidate before them.
+
+The bounds are kept up to date with the cycle's changes (``capacity.Capacity.changes``: each node placed on,
+evicted from or rolled back is looked at again) and found lazily, in victim order, as far as attempts ask.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Collection, Sequence
+
+from scheduler.placement import capacity, freeing, model, victims
+
+_SWEEP = 64
+"""Units looked at per step when the bounds are found further along the victim list."""
+
+
+class Positions:
+    """The cycle's victim list (every action's candidates come from it, in order), indexed by node and by queue."""
+
+    def __init__(self, units: Sequence[victims.Unit]) -> None:
+        self.units = units
+        by_node: dict[model.NodeName, list[int]] = {}
+        by_queue: dict[model.QueueName, list[int]] = {}
+        for position, unit in enumerate(units):
+            by_queue.setdefault(unit.group.queue, []).append(position)
+            pods = unit.pods
+            if len(pods) == 1:
+                node = pods[0].node
+                if node is not None:
+                    by_node.setdefault(node, []).append(position)
+                continue
+            for name in dict.fromkeys(pod.node for pod in pods if pod.node is not None):
+                by_node.setdefault(name, []).append(position)
+        self.by_node = by_node
+        """Per node, the positions of the units with a pod on it, ascending."""
+        self.by_queue = by_queue
+
+    def window_end(self, start: int, queues: Collection[model.QueueName], count: int) -> int:
+        """The position just past the ``count``-th unit of ``queues`` from ``start`` on (the list's end when there
+        are no more): the candidates an attempt that looks at ``count`` of them sees lie before it."""
+        lists = [self.by_queue[queue] for queue in queues if queue in self.by_queue]
+        firsts = [bisect.bisect_left(positions, start) for positions in lists]
+        if sum(len(positions) for positions in lists) - sum(firsts) < count:
+            return len(self.units)
+        low, high = start, len(self.units)
+        while low < high:
+            middle = (low + high) // 2
+            seen = sum(bisect.bisect_left(positions, middle) for positions in lists) - sum(firsts)
+            if seen >= count:
+                high = middle
+            else:
+                low = middle + 1
+        return low
+
+
+class Earliest:
+    """For one minimum's shapes and the units of some queues: per node, the first position at which every live unit of
+    those queues on it up to there would give it room for one more pod of the minimum (``ready``, in order), kept up
+    to date during the cycle."""
+
+    def __init__(
+        self,
+        positions: Positions,
+        room: freeing.Room,
+        cap: capacity.Capacity,
+        evicted: Collection[model.PodUid],
+        queues: Collection[model.QueueName],
+    ) -> None:
+        """``queues``: only their units count (an action's candidates: the tighter the bound, the fewer nodes an
+        attempt looks at)."""
+        self.positions = positions
+        self._queues = queues
+        self._room = room
+        self._capacity = cap
+        self._evicted = evicted
+        self.ready: list[tuple[int, model.NodeName]] = []
+        """(position, node) for each node found ready, ascending: every node whose bound is below ``frontier``."""
+        self._at: dict[model.NodeName, int] = {}
+        self._leaving: dict[model.NodeName, dict[model.PodUid, model.Pod]] = {}
+        """Per node not ready yet, the live pods of the units before ``frontier`` on it."""
+        self.frontier = 0
+        """The units before this position have been looked at."""
+        self._epoch = cap.changes_epoch
+        self._seen = len(cap.changes)
+
+    def sync(self) -> None:
+        """Look again at every node changed since the last call."""
+        cap = self._capacity
+        if cap.changes_epoch != self._epoch:
+            self._epoch, self._seen = cap.changes_epoch, 0
+            self.ready, self._at, self._leaving, self.frontier = [], {}, {}, 0
+            return
+        changes = cap.changes
+        if self._seen == len(changes):
+            return
+        by_order = cap.by_order
+        names = dict.fromkeys(by_order[order].name for order in changes[self._seen :])
+        self._seen = len(changes)
+        for name in names:
+            self._redo(name)
+
+    def _redo(self, name: model.NodeName) -> None:
+        old = self._at.pop(name, None)
+        if old is not None:
+            del self.ready[bisect.bisect_left(self.ready, (old, name))]
+        self._leaving.pop(name, None)
+        if not self._room.usable(name):
+            return
+        frontier = self.frontier
+        units = self.positions.units
+        queues = self._queues
+        for position in self.positions.by_node.get(name, ()):
+            if position >= frontier:
+                return
+            if units[position].group.queue in queues and self._add(name, position):
+                return
+
+    def sweep(self, until: int) -> None:
+        """Look at the next units not looked at yet, up to ``until`` and at most ``_SWEEP`` of them."""
+        units = self.positions.units
+        evicted = self._evicted
+        stop = min(len(units), until, self.frontier + _SWEEP)
+        room = self._room
+        at = self._at
+        queues = self._queues
+        while self.frontier < stop:
+            position = self.frontier
+            self.frontier += 1
+            unit = units[position]
+            if unit.group.queue not in queues:
+                continue
+            live = victims.live_pods(unit, evicted)
+            if not live:
+                continue
+            for name in room.nodes_of(live):
+                if name not in at:
+                    self._add(name, position)
+
+    def done(self) -> bool:
+        return self.frontier >= len(self.positions.units)
+
+    def _add(self, name: model.NodeName, position: int) -> bool:
+        """The unit at ``position`` joins the node's leaving pods; True when the node is ready with it."""
+        leaving = self._leaving.setdefault(name, {})
+        added = False
+        for pod in victims.live_pods(self.positions.units[position], self._evicted):
+            if pod.node == name and pod.uid not in leaving:
+                leaving[pod.uid] = pod
+                added = True
+        if not added or not self._room.gains(name, list(leaving.values())):
+            return False
+        del self._leaving[name]
+        self._at[name] = position
+        bisect.insort(self.ready, (position, name))
+        return True
