@@ -12,7 +12,8 @@ What keeps a heap true:
   writes it into ``Capacity.look_log``; each heap reads the log from where it stopped, so it sees every look that
   came (back) since;
 - a look that lost its nodes stays in the heap until it reaches the top, where it is dropped (it is pushed again
-  from the log if it comes back);
+  from the log if it comes back; while its entry is still there, that entry serves again, its answer being the same),
+  or until ``best`` passes many such entries tied with the best, when every one is dropped at once;
 - a new scorer (the searcher's epoch), a change in the node classes or a fresh log voids every heap.
 
 Ties keep the search's rule: every live look with the best score is returned, and the search gives the pod to the
@@ -30,6 +31,9 @@ from scheduler.placement import capacity
 # shapes would otherwise keep a heap per pod).
 _ENTRY_LIMIT = 2_000_000
 
+_GONE_TIED = 32
+"""Entries of gone looks tied with the best that one ``best`` may pass before the heap drops every gone look."""
+
 Scored = Callable[[capacity.Look], capacity.LookBest | None]
 """A look's answer for the shape being searched (None: the shape fits none of its device choices)."""
 
@@ -38,13 +42,16 @@ Candidate = tuple[int, Sequence[int], capacity.LookBest]
 
 
 class Ranking:
-    __slots__ = ("cursor", "entries")
+    __slots__ = ("cursor", "entries", "present")
 
     def __init__(self, cursor: int) -> None:
         self.entries: list[tuple[int, int, capacity.Look, capacity.LookBest]] = []
         """(minus the score, a sequence number that keeps looks from being compared, the look, its answer)."""
         self.cursor = cursor
         """How far into ``Capacity.look_log`` this heap has read."""
+        self.present: set[int] = set()
+        """The looks (by id) with an entry: a look that comes back while its old entry is still there keeps that one
+        (its answer is the same), so a busy cluster's heap does not fill with copies."""
 
 
 class LookRanks:
@@ -85,30 +92,43 @@ class LookRanks:
         elif heap.cursor < len(log):
             wanted = set(eligible)
             entries = heap.entries
+            present = heap.present
             for look in log[heap.cursor :]:
-                if look.cls in wanted and look.members:
+                if look.cls in wanted and look.members and id(look) not in present:
                     found = scored(look)
                     if found is not None:
                         self._seq += 1
                         self._entries += 1
+                        present.add(id(look))
                         heapq.heappush(entries, (-found[0], self._seq, look, found))
             heap.cursor = len(log)
         return heap
 
     def _push(self, heap: Ranking, look: capacity.Look, scored: Scored) -> None:
+        if id(look) in heap.present:
+            return
         found = scored(look)
         if found is not None:
             self._seq += 1
             self._entries += 1
+            heap.present.add(id(look))
             heap.entries.append((-found[0], self._seq, look, found))
 
     def any(self, heap: Ranking) -> bool:
         """Does some live look take the shape (``best`` is not empty)? Gone looks are dropped from the top first."""
         entries = heap.entries
         while entries and not entries[0][2].members:
-            heapq.heappop(entries)
+            heap.present.discard(id(heapq.heappop(entries)[2]))
             self._entries -= 1
         return bool(entries)
+
+    def _drop_gone(self, heap: Ranking) -> None:
+        """Drop every entry of a look gone (it is pushed again from the log if it comes back)."""
+        live = [entry for entry in heap.entries if entry[2].members]
+        self._entries -= len(heap.entries) - len(live)
+        heapq.heapify(live)
+        heap.entries = live
+        heap.present = {id(entry[2]) for entry in live}
 
     def best(self, heap: Ranking) -> list[Candidate]:
         """Every live look with the best score (empty when none takes the shape): gone looks are dropped from the
@@ -119,7 +139,7 @@ class LookRanks:
         entries = heap.entries
         best = entries[0][0]
         top: list[Candidate] = []
-        seen: set[int] = set()
+        gone = 0
         size = len(entries)
         stack = [0]
         while stack:
@@ -128,12 +148,18 @@ class LookRanks:
             if entry[0] != best:
                 continue
             look = entry[2]
-            if look.members and id(look) not in seen:
-                seen.add(id(look))
+            if look.members:
                 top.append((look.members[0], look.members, entry[3]))
+            else:
+                gone += 1
             child = 2 * index + 1
             if child < size:
                 stack.append(child)
                 if child + 1 < size:
                     stack.append(child + 1)
+        if gone > _GONE_TIED and gone > len(top):
+            # Looks come and go on a busy cluster, and the gone ones tied with the best stay below the top: the
+            # walk above passed more of them than of live ones. Drop them all once (linear, like one such walk in
+            # a few dozen).
+            self._drop_gone(heap)
         return top
