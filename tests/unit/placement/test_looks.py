@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common.resources import Resources
-from scheduler.placement import applying, capacity, decisions, engine, model, scoring, shapes
+from scheduler.placement import applying, capacity, decisions, engine, lookrank, model, scoring, shapes
 from tests.unit.placement import builders
 
 GIB = builders.GIB
@@ -293,3 +293,31 @@ def test_whether_a_pod_fits_somewhere_is_answered_as_the_search_would_place_it(
             shape = shapes.shape_of(pod)
             assert warm.searcher.fits(shape) == (warm.searcher.find(shape) is not None), pod
             assert warm.searcher.fits(shape) == (warm.searcher.find(shape) is not None), pod  # from the caches
+
+
+def test_a_ranking_keeps_one_entry_per_look_and_drops_gone_looks_tied_with_the_best() -> None:
+    """Looks come and go as a busy cycle places and rolls back: a look back while its entry is still in the heap
+    keeps that entry, and once ``best`` passes more gone looks tied with the best than live ones, they all go."""
+    cap = _capacity(*(builders.node(f"n{i}", gpus=2, cpu=64_000) for i in range(40)))
+    ranks = lookrank.LookRanks()
+
+    def scored(look: capacity.Look) -> capacity.LookBest:
+        return (0, (), ())  # every look ties
+
+    def read() -> lookrank.Ranking:
+        return ranks.heap(cap, 0, (0,), scored, epoch=1)
+
+    heap = read()
+    assert len(heap.entries) == 1
+    for _ in range(3):
+        checkpoint = cap.checkpoint()
+        for order, work in enumerate(cap.by_order):
+            cap.begin(work)
+            work.free_cpu -= 1000 * (order + 1)  # forty looks, one per node
+            cap.end(work)
+        assert len(read().entries) == 41
+        cap.rollback(checkpoint)  # the forty go, the first comes back: its entry serves again
+        assert len(read().entries) == 41
+    assert [candidate[1] for candidate in ranks.best(heap)] == [list(range(40))]
+    assert len(heap.entries) == 1, "the forty gone looks tied with the best were dropped"
+    assert ranks.best(heap) and len(heap.entries) == 1
