@@ -19,7 +19,7 @@ actions for it.
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterator, Sequence
+from collections.abc import Container, Hashable, Iterator, Sequence
 
 from common.resources import Resources
 from scheduler.placement import decisions, gangs, model, plan, reclaimable, roommaking, status, subgroups, victims
@@ -69,8 +69,25 @@ def reclaim(scene: roommaking.Scene, group: model.Group, pods: Sequence[model.Po
     budget: int | None = None
     if multiple > 0 and amounts.milli_gpu > 0:
         budget = multiple * amounts.milli_gpu
+
+    def floor_refused(unit: victims.Unit) -> bool:
+        # What of ``eligible`` leaves a reason: the floor check, asked where ``eligible`` asks it.
+        return (
+            queues.get(unit.group.queue) is not None
+            and rules.eligible(unit)
+            and not rules.keeps_floor(unit, scene.draft.evicted)
+        )
+
+    def alike(unit: victims.Unit) -> Hashable:
+        # What ``eligible`` reads of a unit (no min-runtime in play): its queue, what its live pods hold, their shapes.
+        live = victims.live_pods(unit, scene.draft.evicted)
+        amounts = unit.amounts if live is unit.pods else victims.live_amounts(unit, scene.draft.evicted)
+        return unit.group.queue, amounts, tuple(scene.shape(pod) for pod in live)
+
     units, start = scene.listed("all", lambda: _all_groups(scene))
-    candidates = roommaking.Listed(key="all", units=units, start=start, queues=frozenset(givers))
+    candidates = roommaking.Listed(
+        key="all", units=units, start=start, queues=frozenset(givers), alike=alike, reasons=floor_refused
+    )
     # A min-runtime makes ``eligible`` note when a victim comes of age: only the walk asks it of every candidate.
     timed = any(queue.reclaim_min_runtime_ns > 0 for name in givers if (queue := queues.get(name)) is not None)
     done = roommaking.make_room(

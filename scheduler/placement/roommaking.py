@@ -47,7 +47,7 @@ import collections
 import dataclasses
 import functools
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 
 from scheduler.placement import (
     decisions,
@@ -268,6 +268,13 @@ class Listed:
     units: Sequence[victims.Unit]
     start: int
     queues: frozenset[model.QueueName]
+    alike: Callable[[victims.Unit], Hashable] | None = None
+    """Units with the same key get the same answer from ``eligible`` while the draft stays as it is (before the first
+    eviction of an attempt): the node-by-node search asks it once per key. None: once per unit."""
+    reasons: Callable[[victims.Unit], bool] | None = None
+    """Asks of a unit, as ``eligible`` would, only the checks that leave a reason with the action (for its status);
+    True when one did. For an attempt that finds no node ready, the walk's last such reason is then found from the
+    end of its window instead of asking ``eligible`` of every candidate; without it, every candidate is asked."""
 
     def candidates(self) -> Iterator[victims.Unit]:
         """The candidates, in victim order."""
@@ -504,9 +511,7 @@ class _Search:
         end = positions.window_end(listed.start, listed.queues, self.scanned)
         found = self._first_ready(bounds, end)
         if found is None:
-            for unit in self.candidates.drawn():
-                if self._takeable(unit) and self.room.nodes_of(self._live(unit)):
-                    self.eligible(unit)
+            self._leave_reasons(end)
             return None
         position, node, pool = found
         units = listed.units
@@ -524,6 +529,28 @@ class _Search:
         batch = [single] if single is not None else pool
         return self._evict(batch, newest=units[position]) and self._may_fit(batch) and self._settle(self.chosen)
 
+    def _leave_reasons(self, end: int) -> None:
+        """Leave the reasons the walk would leave when no node gets ready: it asks ``eligible`` of every takeable
+        candidate some pod of the minimum could use, and the last reason given stays."""
+        listed = self.listed
+        assert listed is not None
+        reasons = listed.reasons
+        if reasons is None:
+            for unit in self.candidates.drawn():
+                if self._takeable(unit) and self.room.nodes_of(self._live(unit)):
+                    self.eligible(unit)
+            return
+        units = listed.units
+        for position in range(end - 1, listed.start - 1, -1):
+            unit = units[position]
+            if (
+                unit.group.queue in listed.queues
+                and self._takeable(unit)
+                and self.room.nodes_of(self._live(unit))
+                and reasons(unit)
+            ):
+                return
+
     def _first_ready(
         self, bounds: earliest.Earliest, end: int
     ) -> tuple[int, model.NodeName, list[victims.Unit]] | None:
@@ -532,7 +559,7 @@ class _Search:
         bounds, until the next bound is past the best node found (a tie goes to the node the walk pools first)."""
         ready = bounds.ready
         best: tuple[int, int, model.NodeName, list[victims.Unit]] | None = None
-        known: dict[int, bool] = {}
+        known: dict[Hashable, bool] = {}
         next_node = 0
         while True:
             limit = best[0] if best is not None else end - 1
@@ -549,16 +576,17 @@ class _Search:
             return None if best is None else (best[0], best[2], best[3])
 
     def _first_on(
-        self, positions: earliest.Positions, name: model.NodeName, limit: int, known: dict[int, bool]
+        self, positions: earliest.Positions, name: model.NodeName, limit: int, known: dict[Hashable, bool]
     ) -> tuple[int, int, list[victims.Unit]] | None:
         """The walk on one node: its candidates up to position ``limit`` pooled as ``_pool`` pools them. The
         position at which the node's pool gives it room, the node's rank among the nodes of that candidate (the walk
         takes the first that gains) and the pool; None when it does not gain by ``limit``. ``known``: the answers of
-        ``eligible`` so far, per position (asked once per candidate, as the walk does)."""
+        ``eligible`` so far, per position or per ``Listed.alike`` key (the walk asks once per candidate)."""
         listed = self.listed
         assert listed is not None
         units = listed.units
         queues = listed.queues
+        alike = listed.alike
         room = self.room
         pool: list[victims.Unit] = []
         pooled: list[model.Pod] = []
@@ -573,9 +601,10 @@ class _Search:
             nodes = room.nodes_of(live)
             if name not in nodes:
                 continue
-            eligible = known.get(position)
+            key: Hashable = position if alike is None else alike(unit)
+            eligible = known.get(key)
             if eligible is None:
-                eligible = known[position] = self.eligible(unit)
+                eligible = known[key] = self.eligible(unit)
             if not eligible or not room.helps(name, pooled, live):
                 continue
             pool.append(unit)
