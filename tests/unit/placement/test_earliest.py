@@ -1,16 +1,20 @@
 """The walk's first step found node by node (``earliest``, ``roommaking._Search._first_step``).
 
 The property test in ``test_eviction_properties`` checks that every such first step ends where the walk's does, on
-random clusters. This pins the window an attempt looks at: its bound counts the candidates of the action's queues
-only, evicted ones included, as the walk draws them.
+random clusters. These pin what random clusters seldom show: the window an attempt looks at (its bound counts the
+candidates of the action's queues only, evicted ones included, as the walk draws them), and the reason a failed
+attempt leaves when several victims were refused for different reasons (the walk's last).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from unittest import mock
 
-from scheduler.placement import earliest, model, victims
+from scheduler.placement import applying, earliest, engine, model, roommaking, victims
 from tests.unit.placement import builders
+
+NS = 1_000_000_000
 
 
 def _unit(uid: str, queue: str, node: str) -> victims.Unit:
@@ -31,3 +35,34 @@ def test_an_attempts_window_ends_after_as_many_units_of_its_queues_as_it_may_loo
     assert positions.window_end(0, [a, b], 5) == 5
     assert positions.window_end(0, [model.QueueName("none")], 1) == 12
     assert positions.by_node[model.NodeName("n1")] == [1, 3, 5, 7, 9, 11]
+
+
+def _floors_refuse_every_victim() -> model.Snapshot:
+    """A full 4-GPU node: a 2-GPU pod of queue ``q3`` (placed first), then one of ``q0``; both queues hold more than
+    their fair share (1.5 GPUs) but taking either pod would leave its queue below its deserved quota (1 GPU), and
+    neither can move. A one-GPU pod of ``q1`` then asks for room: every victim is refused, each for its own queue."""
+    one = model.QueueResource(quota=1000, limit=model.UNLIMITED, over_quota_weight=1)
+    parent = model.QueueName("d")
+    queues = [model.Queue(name=parent)] + [
+        model.Queue(name=model.QueueName(name), parent=parent, gpu=one, created_ns=index)
+        for index, name in enumerate(("q0", "q1", "q3"))
+    ]
+    snapshot = model.snapshot(nodes=[builders.node("n0", gpus=4)], queues=queues, groups=[], now_ns=NS)
+    for index, queue in enumerate(("q3", "q0")):
+        group = builders.group(f"{queue}-pod", builders.pod(f"{queue}-pod", gpus=2), queue=queue, created=index)
+        snapshot = dataclasses.replace(snapshot, groups={**snapshot.groups, group.id: group})
+        snapshot = applying.apply(snapshot, engine.Engine().run(snapshot), now_ns=(index + 2) * NS)
+    pending = builders.group("q1-pod", builders.pod("q1-pod", gpus=1), queue="q1", created=10)
+    return dataclasses.replace(snapshot, groups={**snapshot.groups, pending.id: pending}, now_ns=10 * NS)
+
+
+def test_a_first_step_that_finds_no_node_ready_leaves_the_reason_the_walk_leaves_last() -> None:
+    snapshot = _floors_refuse_every_victim()
+    stepped = engine.Engine().run(snapshot)
+    with mock.patch.object(roommaking._Search, "_first_step", lambda self: False):
+        walked = engine.Engine().run(snapshot)
+    assert not stepped.evictions and not stepped.nominations
+    waiting = stepped.statuses[model.GroupId("q1-pod")]
+    # Victim order takes the younger pod (q0's) first: the walk's last reason is q3's.
+    assert "it would take queue q3 to 0 GPU, below its deserved quota of 1 GPU" in waiting.message, waiting.message
+    assert stepped.statuses == walked.statuses
