@@ -26,7 +26,7 @@ from common import command, logs, tasks
 from common.errors import BusError
 from common.httpendpoint import HttpEndpoint, Response
 from common.natsconn import NatsBus
-from scheduler import audit, containment, intake, reporting, scheduling, sharing, startup
+from scheduler import audit, containment, gcpolicy, intake, reporting, scheduling, sharing, startup
 from scheduler.alerts import AlertSink
 from scheduler.dispatch import Dispatcher
 from scheduler.kube import binding, client, events, grouper, kubeapi, leases, statuswriter, watches
@@ -237,6 +237,7 @@ async def _connect_nats(bus: NatsBus, auth_callout: callout.CalloutService | Non
 
 async def serve(settings: Settings) -> None:
     """Run a replica: endpoints, NATS and the webhook on every replica; the ``Scheduler`` while leading."""
+    gcpolicy.apply()
     metrics = SchedulerMetrics()
     api = await client.KubeClient.connect(kubeconfig=settings.kubeconfig, server=settings.kube_server)
     leading: list[Scheduler] = []

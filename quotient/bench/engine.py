@@ -9,7 +9,8 @@ absent, ``_FALLBACK_SHARES``, the same column's distribution rounded to 5%), 50%
 
 The engine's config is the scheduler's: ``quotient scheduler``'s defaults and its ``--gpu-strategy`` (``--strategy``
 here; default: the scheduler's default strategy), turned into the engine's config by the scheduler's own settings
-code, so the bench measures what the scheduler runs.
+code, so the bench measures what the scheduler runs; and so are the process's garbage-collector thresholds
+(``scheduler.gcpolicy``, printed as ``gc_thresholds``).
 
 Pods arrive in batches of ``--batch``; each cycle takes a snapshot with the new arrivals, runs the engine, and
 applies the plan (as the binder would) before the next. Building snapshots and applying plans is the state layer's
@@ -32,6 +33,7 @@ import argparse
 import cProfile
 import csv
 import dataclasses
+import gc
 import random
 import resource
 import statistics
@@ -43,7 +45,7 @@ from pathlib import Path
 from common import config, names
 from common.errors import ConfigError
 from common.resources import Resources
-from scheduler import settings
+from scheduler import gcpolicy, settings
 from scheduler.placement import applying, engine, model, plan
 
 GIB = 1024**3
@@ -272,6 +274,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def run(argv: Sequence[str]) -> dict[str, object]:
     """Run the benchmark; returns the figures (see the module docstring)."""
+    with gcpolicy.applied():
+        return _run(argv)
+
+
+def _run(argv: Sequence[str]) -> dict[str, object]:
     parser = _parser()
     args = parser.parse_args(list(argv))
     try:
@@ -348,6 +355,7 @@ def run(argv: Sequence[str]) -> dict[str, object]:
         "backlog_idle_cycle_ms": round(backlog_idle_s * 1000, 3),
         "idle_cycle_ms": round(statistics.median(idle), 3) if idle else 0.0,
         "rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "gc_thresholds": list(gc.get_threshold()),
         "gpu_strategy": engine_config.gpu_strategy.value,
         "device_strategy": engine_config.device_strategy.value,
         "gpu_asked_percent": round(100 * asked / offered, 1),

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
 from quotient.bench import engine
-from scheduler import settings
+from scheduler import gcpolicy, settings
 from scheduler.placement import decisions, model, plan, status
 
 ISSUE_14_KEYS = (
@@ -39,6 +40,16 @@ def test_the_engine_benchmark_reports_its_figures_on_a_small_cluster(tmp_path: P
     assert figures["converged"] is True
     wall_s = _number(figures, "wall_s")
     assert wall_s > 0 and figures["pods_per_second"] == pytest.approx(240 / wall_s, rel=0.05)
+
+
+def test_the_benchmark_runs_with_the_schedulers_garbage_collector_thresholds_and_gives_the_process_its_own_back() -> (
+    None
+):
+    before = gc.get_threshold()
+    assert before != gcpolicy.THRESHOLDS
+    figures = engine.run(["--nodes", "10", "--pods", "40", "--batch", "40", "--idle-cycles", "1"])
+    assert figures["gc_thresholds"] == list(gcpolicy.THRESHOLDS)
+    assert gc.get_threshold() == before
 
 
 def test_a_backlog_beyond_the_cluster_is_counted_without_double_counting_re_placed_pods(tmp_path: Path) -> None:
