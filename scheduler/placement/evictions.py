@@ -78,11 +78,17 @@ def reclaim(scene: roommaking.Scene, group: model.Group, pods: Sequence[model.Po
             and not rules.keeps_floor(unit, scene.draft.evicted)
         )
 
+    kinds = scene.kinds
+
     def alike(unit: victims.Unit) -> Hashable:
         # What ``eligible`` reads of a unit (no min-runtime in play): its queue, what its live pods hold, their shapes.
         live = victims.live_pods(unit, scene.draft.evicted)
-        amounts = unit.amounts if live is unit.pods else victims.live_amounts(unit, scene.draft.evicted)
-        return unit.group.queue, amounts, tuple(scene.shape(pod) for pod in live)
+        if live is unit.pods:
+            key = kinds.get(id(unit))
+            if key is None:
+                key = kinds[id(unit)] = (unit.group.queue, unit.amounts, tuple(scene.shape(pod) for pod in live))
+            return key
+        return unit.group.queue, victims.live_amounts(unit, scene.draft.evicted), tuple(scene.shape(p) for p in live)
 
     units, start = scene.listed("all", lambda: _all_groups(scene))
     candidates = roommaking.Listed(

@@ -94,6 +94,8 @@ class Scene:
     movable_known: dict[tuple[shapes.Shape, ...], bool] = dataclasses.field(default_factory=dict)
     """``movable``'s answers per victim shapes, valid while the draft's version is ``movable_at``."""
     movable_at: int = -1
+    kinds: dict[int, Hashable] = dataclasses.field(default_factory=dict)
+    """An action's ``Listed.alike`` key per unit (by id) with no pod evicted, kept for the cycle."""
     _positions: dict[object, earliest.Positions] = dataclasses.field(default_factory=dict)
     _earliest: dict[
         tuple[object, frozenset[tuple[shapes.Shape, int]], frozenset[model.QueueName]], earliest.Earliest
@@ -595,14 +597,17 @@ class _Search:
             if position > limit:
                 break
             unit = units[position]
-            if unit.group.queue not in queues or not self._takeable(unit):
+            if unit.group.queue not in queues:
+                continue
+            # A unit of a kind already refused is passed first (no call to ``eligible`` is saved or added by it).
+            key: Hashable = position if alike is None else alike(unit)
+            eligible = known.get(key)
+            if eligible is False or not self._takeable(unit):
                 continue
             live = self._live(unit)
             nodes = room.nodes_of(live)
             if name not in nodes:
                 continue
-            key: Hashable = position if alike is None else alike(unit)
-            eligible = known.get(key)
             if eligible is None:
                 eligible = known[key] = self.eligible(unit)
             if not eligible or not room.helps(name, pooled, live):
