@@ -82,9 +82,13 @@ class Earliest:
         cap: capacity.Capacity,
         evicted: Collection[model.PodUid],
         queues: Collection[model.QueueName],
+        start: int = 0,
+        evictions: Sequence[object] = (),
     ) -> None:
         """``queues``: only their units count (an action's candidates: the tighter the bound, the fewer nodes an
-        attempt looks at)."""
+        attempt looks at). ``start``: the units before it have every pod evicted (an attempt's first live unit), so
+        the bounds are found from there, for as long as ``evictions`` (the draft's, which only appends and rolls back
+        by truncating) keeps the ones it has now."""
         self.positions = positions
         self._queues = queues
         self._room = room
@@ -95,16 +99,24 @@ class Earliest:
         self._at: dict[model.NodeName, int] = {}
         self._leaving: dict[model.NodeName, dict[model.PodUid, model.Pod]] = {}
         """Per node not ready yet, the live pods of the units before ``frontier`` on it."""
-        self.frontier = 0
+        self.frontier = start
         """The units before this position have been looked at."""
         self._epoch = cap.changes_epoch
         self._seen = len(cap.changes)
+        self._evictions = evictions
+        self._evicted_then = (len(evictions), evictions[-1] if evictions else None)
 
     def sync(self) -> None:
         """Look again at every node changed since the last call."""
         cap = self._capacity
+        count, last = self._evicted_then
+        evictions = self._evictions
+        if count and (len(evictions) < count or evictions[count - 1] is not last):
+            # An eviction of before ``start`` was rolled back: its units may run again. Start afresh.
+            self._evicted_then = (0, None)
+            self._epoch = -1
         if cap.changes_epoch != self._epoch:
-            self._epoch, self._seen = cap.changes_epoch, 0
+            self._epoch, self._seen = cap.changes_epoch, len(cap.changes)
             self.ready, self._at, self._leaving, self.frontier = [], {}, {}, 0
             return
         changes = cap.changes

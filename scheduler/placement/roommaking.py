@@ -120,16 +120,18 @@ class Scene:
         wanted: frozenset[tuple[shapes.Shape, int]],
         queues: frozenset[model.QueueName],
         room: freeing.Room,
+        start: int,
     ) -> earliest.Earliest:
         """The bounds of ``earliest`` for the list ``key`` (``units``), the units of ``queues`` and a minimum of
-        ``wanted`` shapes, kept for the rest of the cycle and brought up to date with its changes."""
+        ``wanted`` shapes, kept for the rest of the cycle and brought up to date with its changes; ``start``: the
+        asking attempt's first live unit."""
         positions = self._positions.get(key)
         if positions is None or positions.units is not units:
             positions = self._positions[key] = earliest.Positions(units)
         found = self._earliest.get((key, wanted, queues))
         if found is None:
             found = self._earliest[(key, wanted, queues)] = earliest.Earliest(
-                positions, room, self.searcher.capacity, self.draft.evicted, queues
+                positions, room, self.searcher.capacity, self.draft.evicted, queues, start, self.draft.evictions
             )
         else:
             found.sync()
@@ -508,7 +510,7 @@ class _Search:
         listed = self.listed
         if listed is None:
             return False
-        bounds = self.scene.earliest(listed.key, listed.units, self.wanted, listed.queues, self.room)
+        bounds = self.scene.earliest(listed.key, listed.units, self.wanted, listed.queues, self.room, listed.start)
         positions = bounds.positions
         end = positions.window_end(listed.start, listed.queues, self.scanned)
         found = self._first_ready(bounds, end)
