@@ -273,8 +273,8 @@ class Listed:
     start: int
     queues: frozenset[model.QueueName]
     alike: Callable[[victims.Unit], Hashable] | None = None
-    """Units with the same key get the same answer from ``eligible`` while the draft stays as it is (before the first
-    eviction of an attempt): the node-by-node search asks it once per key. None: once per unit."""
+    """Units with the same key get the same answer from ``eligible`` (and ``reasons``) while the draft stays as it is
+    (before the first eviction of an attempt): the node-by-node search asks once per key. None: once per unit."""
     reasons: Callable[[victims.Unit], bool] | None = None
     """Asks of a unit, as ``eligible`` would, only the checks that leave a reason with the action (for its status);
     True when one did. For an attempt that finds no node ready, the walk's last such reason is then found from the
@@ -545,15 +545,23 @@ class _Search:
                     self.eligible(unit)
             return
         units = listed.units
+        queues = listed.queues
+        alike = listed.alike
+        silent: set[Hashable] = set()
+        """The kinds of unit found to leave no reason (``reasons`` reads no more than ``alike`` does)."""
         for position in range(end - 1, listed.start - 1, -1):
             unit = units[position]
-            if (
-                unit.group.queue in listed.queues
-                and self._takeable(unit)
-                and self.room.nodes_of(self._live(unit))
-                and reasons(unit)
-            ):
+            if unit.group.queue not in queues:
+                continue
+            key = alike(unit) if alike is not None else None
+            if key is not None and key in silent:
+                continue
+            if not self._takeable(unit) or not self.room.nodes_of(self._live(unit)):
+                continue
+            if reasons(unit):
                 return
+            if key is not None:
+                silent.add(key)
 
     def _first_ready(
         self, bounds: earliest.Earliest, end: int
