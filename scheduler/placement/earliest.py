@@ -83,12 +83,11 @@ class Earliest:
         evicted: Collection[model.PodUid],
         queues: Collection[model.QueueName],
         start: int = 0,
-        evictions: Sequence[object] = (),
     ) -> None:
         """``queues``: only their units count (an action's candidates: the tighter the bound, the fewer nodes an
         attempt looks at). ``start``: the units before it have every pod evicted (an attempt's first live unit), so
-        the bounds are found from there, for as long as ``evictions`` (the draft's, which only appends and rolls back
-        by truncating) keeps the ones it has now."""
+        the sweep starts there; a node changed since (an eviction rolled back, say) is looked at again from its first
+        unit."""
         self.positions = positions
         self._queues = queues
         self._room = room
@@ -103,18 +102,10 @@ class Earliest:
         """The units before this position have been looked at."""
         self._epoch = cap.changes_epoch
         self._seen = len(cap.changes)
-        self._evictions = evictions
-        self._evicted_then = (len(evictions), evictions[-1] if evictions else None)
 
     def sync(self) -> None:
         """Look again at every node changed since the last call."""
         cap = self._capacity
-        count, last = self._evicted_then
-        evictions = self._evictions
-        if count and (len(evictions) < count or evictions[count - 1] is not last):
-            # An eviction of before ``start`` was rolled back: its units may run again. Start afresh.
-            self._evicted_then = (0, None)
-            self._epoch = -1
         if cap.changes_epoch != self._epoch:
             self._epoch, self._seen = cap.changes_epoch, len(cap.changes)
             self.ready, self._at, self._leaving, self.frontier = [], {}, {}, 0

@@ -131,7 +131,7 @@ class Scene:
         found = self._earliest.get((key, wanted, queues))
         if found is None:
             found = self._earliest[(key, wanted, queues)] = earliest.Earliest(
-                positions, room, self.searcher.capacity, self.draft.evicted, queues, start, self.draft.evictions
+                positions, room, self.searcher.capacity, self.draft.evicted, queues, start
             )
         else:
             found.sync()

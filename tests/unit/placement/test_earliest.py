@@ -2,8 +2,9 @@
 
 The property test in ``test_eviction_properties`` checks that every such first step ends where the walk's does, on
 random clusters. These pin what random clusters seldom show: the window an attempt looks at (its bound counts the
-candidates of the action's queues only, evicted ones included, as the walk draws them), and the reason a failed
-attempt leaves when several victims were refused for different reasons (the walk's last).
+candidates of the action's queues only, evicted ones included, as the walk draws them), the reason a failed
+attempt leaves when several victims were refused for different reasons (the walk's last), and the bounds kept up to
+date with the cycle's changes, rollbacks included.
 """
 
 from __future__ import annotations
@@ -11,7 +12,20 @@ from __future__ import annotations
 import dataclasses
 from unittest import mock
 
-from scheduler.placement import applying, earliest, engine, model, roommaking, victims
+from scheduler.placement import (
+    applying,
+    capacity,
+    decisions,
+    earliest,
+    engine,
+    freeing,
+    model,
+    plan,
+    roommaking,
+    search,
+    shapes,
+    victims,
+)
 from tests.unit.placement import builders
 
 NS = 1_000_000_000
@@ -66,3 +80,48 @@ def test_a_first_step_that_finds_no_node_ready_leaves_the_reason_the_walk_leaves
     # Victim order takes the younger pod (q0's) first: the walk's last reason is q3's.
     assert "it would take queue q3 to 0 GPU, below its deserved quota of 1 GPU" in waiting.message, waiting.message
     assert stepped.statuses == walked.statuses
+
+
+def _three_full_nodes() -> tuple[plan.Draft, freeing.Room, list[victims.Unit]]:
+    """Three one-GPU nodes, each held by a one-GPU pod of queue ``a``: a draft over them, the room a one-GPU pod
+    needs, and the pods' units in victim order."""
+    pods = [builders.group(f"p{index}", builders.pod(f"p{index}", gpus=1), queue="a") for index in range(3)]
+    nodes = [builders.node(f"n{index}", gpus=1) for index in range(3)]
+    snapshot = model.snapshot(
+        nodes=nodes, queues=[*builders.open_queues(), model.Queue(name=model.QueueName("a"))], groups=pods, now_ns=NS
+    )
+    snapshot = applying.apply(snapshot, engine.Engine().run(snapshot), now_ns=2 * NS)
+    cap = capacity.Capacity()
+    cap.sync(snapshot.nodes, margin_bytes=0, label_keys=frozenset())
+    searcher = search.Searcher(cap)
+    searcher.configure(model.Config(), ())
+    draft = plan.Draft(cap, plan.Usage({}))
+    running = sorted(
+        (unit for group in snapshot.groups.values() for unit in victims.units(group, ())), key=lambda u: u.order_key
+    )
+    return draft, freeing.Room(searcher, [shapes.shape_of(builders.pod("x", gpus=1))]), running
+
+
+def test_the_bounds_follow_the_cycles_changes_an_eviction_undone_before_their_start_included() -> None:
+    draft, room, units = _three_full_nodes()
+    positions = earliest.Positions(units)
+    queues = frozenset({model.QueueName("a")})
+    bounds = earliest.Earliest(positions, room, draft.capacity, draft.evicted, queues, 0)
+    bounds.sweep(len(units))
+    node_of = {position: unit.pods[0].node for position, unit in enumerate(units)}
+    assert bounds.ready == [(position, node_of[position]) for position in range(3)]
+
+    mark = draft.checkpoint()
+    draft.evict(units[0].pods[0], units[0].group, reason=decisions.EvictionReason.RECLAIM, beneficiary=None, message="")
+    bounds.sync()  # the first node has room now: it is short of nothing, so no bound
+    assert bounds.ready == [(1, node_of[1]), (2, node_of[2])]
+    later = earliest.Earliest(positions, room, draft.capacity, draft.evicted, queues, 1)
+    later.sweep(len(units))
+    assert later.ready == [(1, node_of[1]), (2, node_of[2])]
+
+    draft.rollback(mark)  # the pod before ``later``'s start runs again
+    bounds.sync()
+    later.sync()
+    while not later.done():
+        later.sweep(len(units))
+    assert bounds.ready == later.ready == [(position, node_of[position]) for position in range(3)]
