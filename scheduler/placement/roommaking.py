@@ -35,7 +35,7 @@ For one pod (most reclaims on a busy cluster), the walk's first step is found no
 which node the walk finds ready first depends on each node's own candidates only, so the nodes are looked at in order
 of a lower bound kept for the whole cycle, each walked alone, until no node can come before the best one found. It
 ends where the walk's first step ends (the same pool evicted, the same reservation), or finds that no node would be
-ready (the walk fails: ``eligible`` is then asked of the candidates as the walk asks it, for the reasons it leaves);
+ready (the walk fails, and the reason it would leave is left: the action's last refusal in the window, ``Listed``);
 where the walk would go on past its first step, it walks from the start. The precheck above is not asked then: the
 bounds answer a cluster without room as fast.
 """
@@ -505,8 +505,8 @@ class _Search:
     def _first_step(self) -> bool | None:
         """The walk's first step (``_scan`` up to its first try of the minimum), found node by node (``earliest``):
         True when the minimum fits after it, the draft then as the walk leaves it; False where the walk would go on
-        (the first try failed); None when the walk would find no node ready (it fails: ``eligible`` is then asked
-        of the candidates as the walk asks it, which may leave its reasons)."""
+        (the first try failed); None when the walk would find no node ready (it fails, leaving the reason the walk
+        would leave: ``_leave_reasons``)."""
         listed = self.listed
         if listed is None:
             return False
