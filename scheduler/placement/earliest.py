@@ -8,13 +8,14 @@ its cycles there.
 
 The walk's answer depends on each node alone: a node's pool holds candidates that run on it, so the node is ready
 at the first position (in the cycle's victim list) at which its own pool gives it room. The walk stops at the
-smallest such position over all nodes. This module keeps, per minimum shapes and for the rest of the cycle, a lower
-bound of that position for every node (``Earliest``): the position at which *every* live victim unit on the node up
-to there would give it room, whoever's it is and whether or not an action may take it. Room only grows with what
-leaves (``freeing.free_after``), and an attempt's pool on a node is some of those units, so no attempt's node can
-be ready before its bound. An attempt then looks at nodes in order of their bounds, walks each one's own
-candidates exactly as the walk would (``roommaking``), and stops once the next bound is past the best node found:
-the same node and position as the walk, after looking at a few nodes instead of every candidate before them.
+smallest such position over all nodes. This module keeps, per minimum shapes and set of queues, for the rest of the
+cycle, a lower bound of that position for every node (``Earliest``): the position at which *every* live unit on the
+node up to there, of the queues the action takes from, would give it room, whether or not the action may take that
+unit. Room only grows with what leaves (``freeing.free_after``), and an attempt's pool on a node is some of those
+units, so no attempt's node can be ready before its bound. An attempt then looks at nodes in order of their bounds,
+walks each one's own candidates exactly as the walk would (``roommaking``), and stops once the next bound is past
+the best node found: the same node and position as the walk, after looking at a few nodes instead of every
+candidate before them.
 
 The bounds are kept up to date with the cycle's changes (``capacity.Capacity.changes``: each node placed on,
 evicted from or rolled back is looked at again) and found lazily, in victim order, as far as attempts ask.

@@ -334,7 +334,8 @@ def make_room(
     )
     # Where an attempt for these shapes already failed this cycle (a group of another queue, or before evictions
     # changed the picture), the cluster is likely to have no room for them at all: first ask whether any node could
-    # gain room with every candidate gone, which is cheaper than a scan that looks at every candidate to fail.
+    # gain room with every candidate gone, which is cheaper than a scan that looks at every candidate to fail (an
+    # attempt found node by node needs no precheck: its bounds find no node as fast).
     if (listed is not None or not scene.shapes_failed(shapes_key) or search.could_gain()) and search.run():
         return True
     scene.note_failure(memo, shapes_key)
