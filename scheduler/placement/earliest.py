@@ -24,7 +24,9 @@ evicted from or rolled back is looked at again) and found lazily, in victim orde
 from __future__ import annotations
 
 import bisect
-from collections.abc import Collection, Sequence
+import heapq
+import itertools
+from collections.abc import Collection, Iterator, Sequence
 
 from scheduler.placement import capacity, freeing, model, victims
 
@@ -53,6 +55,19 @@ class Positions:
         """Per node, the positions of the units with a pod on it, ascending."""
         self.by_queue = by_queue
 
+    def backwards(self, queues: Collection[model.QueueName], start: int, end: int) -> Iterator[int]:
+        """The positions of the units of ``queues`` from ``end`` (excluded) back to ``start``, descending."""
+        spans = []
+        for queue in queues:
+            found = self.by_queue.get(queue)
+            if found:
+                low, high = bisect.bisect_left(found, start), bisect.bisect_left(found, end)
+                if low < high:
+                    spans.append((found, low, high))
+        if len(spans) == 1:
+            return _descending(*spans[0])
+        return heapq.merge(*(_descending(*span) for span in spans), reverse=True)
+
     def window_end(self, start: int, queues: Collection[model.QueueName], count: int) -> int:
         """The position just past the ``count``-th unit of ``queues`` from ``start`` on (the list's end when there
         are no more): the candidates an attempt that looks at ``count`` of them sees lie before it."""
@@ -69,6 +84,12 @@ class Positions:
             else:
                 low = middle + 1
         return low
+
+
+def _descending(found: list[int], low: int, high: int) -> Iterator[int]:
+    """``found[low:high]`` from its end back, without a copy."""
+    for index in range(high - 1, low - 1, -1):
+        yield found[index]
 
 
 class Earliest:
@@ -137,20 +158,29 @@ class Earliest:
                 return
 
     def sweep(self, until: int) -> None:
-        """Look at the next units not looked at yet, up to ``until`` and at most ``_SWEEP`` of them."""
+        """Look at the next units not looked at yet, up to ``until`` and at most ``_SWEEP`` of the action's queues
+        (only theirs: most of the list may be other queues' units)."""
+        stop = min(len(self.positions.units), until)
+        if self.frontier >= stop:
+            return
+        by_queue = self.positions.by_queue
+        spans = []
+        for queue in self._queues:
+            found = by_queue.get(queue)
+            if found:
+                low = bisect.bisect_left(found, self.frontier)
+                if low < len(found) and found[low] < stop:
+                    spans.append(found[low : low + _SWEEP])
+        # The first _SWEEP positions of the queues from the frontier on, before ``stop``: where fewer, all of them.
+        merged = heapq.merge(*spans) if len(spans) > 1 else spans[0] if spans else []
+        taken = list(itertools.islice(itertools.takewhile(stop.__gt__, merged), _SWEEP))
+        self.frontier = taken[-1] + 1 if len(taken) == _SWEEP else stop
         units = self.positions.units
         evicted = self._evicted
-        stop = min(len(units), until, self.frontier + _SWEEP)
         room = self._room
         at = self._at
-        queues = self._queues
-        while self.frontier < stop:
-            position = self.frontier
-            self.frontier += 1
-            unit = units[position]
-            if unit.group.queue not in queues:
-                continue
-            live = victims.live_pods(unit, evicted)
+        for position in taken:
+            live = victims.live_pods(units[position], evicted)
             if not live:
                 continue
             for name in room.nodes_of(live):

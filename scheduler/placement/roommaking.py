@@ -516,7 +516,7 @@ class _Search:
         end = positions.window_end(listed.start, listed.queues, self.scanned)
         found = self._first_ready(bounds, end)
         if found is None:
-            self._leave_reasons(end)
+            self._leave_reasons(positions, end)
             return None
         position, node, pool = found
         units = listed.units
@@ -534,7 +534,7 @@ class _Search:
         batch = [single] if single is not None else pool
         return self._evict(batch, newest=units[position]) and self._may_fit(batch) and self._settle(self.chosen)
 
-    def _leave_reasons(self, end: int) -> None:
+    def _leave_reasons(self, positions: earliest.Positions, end: int) -> None:
         """Leave the reasons the walk would leave when no node gets ready: it asks ``eligible`` of every takeable
         candidate some pod of the minimum could use, and the last reason given stays."""
         listed = self.listed
@@ -546,14 +546,12 @@ class _Search:
                     self.eligible(unit)
             return
         units = listed.units
-        queues = listed.queues
         alike = listed.alike
         silent: set[Hashable] = set()
         """The kinds of unit found to leave no reason (``reasons`` reads no more than ``alike`` does)."""
-        for position in range(end - 1, listed.start - 1, -1):
+        # The window's candidates from its end back: only the positions of the action's queues (most are not).
+        for position in positions.backwards(listed.queues, listed.start, end):
             unit = units[position]
-            if unit.group.queue not in queues:
-                continue
             key = alike(unit) if alike is not None else None
             if key is not None and key in silent:
                 continue

@@ -51,6 +51,18 @@ def test_an_attempts_window_ends_after_as_many_units_of_its_queues_as_it_may_loo
     assert positions.by_node[model.NodeName("n1")] == [1, 3, 5, 7, 9, 11]
 
 
+def test_a_window_read_backwards_gives_its_queues_positions_from_its_end_to_its_start() -> None:
+    units = [_unit(f"u{index}", "abc"[index % 3] if index < 9 else "b", "n0") for index in range(12)]
+    positions = earliest.Positions(units)
+    a, b, c = (model.QueueName(name) for name in "abc")
+    # a: 0, 3, 6; b: 1, 4, 7, 9, 10, 11; c: 2, 5, 8.
+    assert list(positions.backwards([a, b], 2, 10)) == [9, 7, 6, 4, 3]
+    assert list(positions.backwards([c, a, b], 0, 12)) == list(range(11, -1, -1))
+    assert list(positions.backwards([b], 5, 11)) == [10, 9, 7]
+    assert list(positions.backwards([a, model.QueueName("none")], 7, 12)) == []
+    assert list(positions.backwards([a, c], 4, 4)) == []
+
+
 def _floors_refuse_every_victim() -> model.Snapshot:
     """A full 4-GPU node: a 2-GPU pod of queue ``q3`` (placed first), then one of ``q0``; both queues hold more than
     their fair share (1.5 GPUs) but taking either pod would leave its queue below its deserved quota (1 GPU), and
