@@ -22,6 +22,9 @@ class Explainer:
         self._explained: dict[shapes.Shape, tuple[status.Reason, str]] = {}
         self._summaries: dict[shapes.Shape, tuple[str, bool]] = {}
         self._candidates: dict[shapes.Shape, tuple[status.Candidate, ...]] = {}
+        self.alone: dict[tuple[object, ...], tuple[status.Reason, str, str, status.Detail] | None] = {}
+        """``failure_status`` of a one-pod minimum, but for the pod's name (``_around``): a backlog holds thousands of
+        groups alike but for their names."""
 
     def candidates(self, shape: shapes.Shape) -> tuple[status.Candidate, ...]:
         """The best few nodes for a pod of this shape, with what each lacked (``diagnosis.candidates``)."""
@@ -59,6 +62,61 @@ def failure_status(
 ) -> status.Status:
     """The status of a group whose minimum did not fit (``pod_shapes`` in the minimum's order); ``held`` and
     ``fair`` are its queue's, ``everyone`` what all queues hold, ``refusal`` why reclaim did not act."""
+    if len(minimum) == 1:
+        key = (pod_shapes[0], group.queue, amounts, held, fair, everyone, refusal)
+        pod_text = diagnosis.describe_pod(minimum[0]) + diagnosis.gpu_model_hint(pod_shapes[0])
+        if key not in explainer.alone:
+            found = _failure_status(
+                explainer,
+                group=group,
+                minimum=minimum,
+                pod_shapes=pod_shapes,
+                amounts=amounts,
+                held=held,
+                fair=fair,
+                everyone=everyone,
+                refusal=refusal,
+            )
+            explainer.alone[key] = _around(found, pod_text)
+            return found
+        kept = explainer.alone[key]
+        if kept is not None:
+            reason, head, tail, detail = kept
+            return status.unschedulable(reason, head + pod_text + tail, detail)
+    return _failure_status(
+        explainer,
+        group=group,
+        minimum=minimum,
+        pod_shapes=pod_shapes,
+        amounts=amounts,
+        held=held,
+        fair=fair,
+        everyone=everyone,
+        refusal=refusal,
+    )
+
+
+def _around(found: status.Status, pod_text: str) -> tuple[status.Reason, str, str, status.Detail] | None:
+    """A one-pod status split around the pod's description, for the pods alike but for their names; None where the
+    message holds the description more than once (a refusal that names the pod: not shared)."""
+    if found.message.count(pod_text) != 1:
+        return None
+    head, _, tail = found.message.partition(pod_text)
+    return found.reason, head, tail, found.detail
+
+
+def _failure_status(
+    explainer: Explainer,
+    *,
+    group: model.Group,
+    minimum: Sequence[model.Pod],
+    pod_shapes: Sequence[shapes.Shape],
+    amounts: Resources,
+    held: Resources,
+    fair: Resources,
+    everyone: Resources,
+    refusal: str | None,
+) -> status.Status:
     position = next(
         (index for index, shape in enumerate(pod_shapes) if not explainer.summary(shape)[1]),
         0,
