@@ -217,19 +217,19 @@ class Cycle:
         chain = self._chain(group.queue)
         never = self.roster.never.get(group.id)
         if never is not None and never.group is group and never.key == self.never_key:
-            self.statuses[group.id] = never.status
-            return False
-        verdict = gangs.never_fits(
-            group=group,
-            minimum=minimum,
-            amounts=amounts,
-            chain=chain,
-            queues=self.tree.queues,
-            searcher=self.searcher,
-            pod_shapes=pod_shapes,
-        )
-        if verdict is not None:
+            verdict = never.status
+        else:
+            verdict = gangs.never_fits(
+                group=group,
+                minimum=minimum,
+                amounts=amounts,
+                chain=chain,
+                queues=self.tree.queues,
+                searcher=self.searcher,
+                pod_shapes=pod_shapes,
+            )
             self.roster.never[group.id] = roster.NeverFits(group=group, key=self.never_key, status=verdict)
+        if verdict is not None:
             self.statuses[group.id] = verdict
             return False
         checked = gangs.queue_check(

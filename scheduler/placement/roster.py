@@ -26,11 +26,12 @@ _PRESENT = (model.PodPhase.PENDING, model.PodPhase.RUNNING)
 
 
 class NeverFits(NamedTuple):
-    """A group that can never fit as the cluster and queues stood: the group, those versions, and its status."""
+    """Whether a group can never fit as the cluster and queues stood: the group, those versions, and its status
+    (None: it may fit; kept too, so that a backlog's groups are not checked again every cycle)."""
 
     group: model.Group
     key: tuple[int, int]
-    status: status.Status
+    status: status.Status | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -124,7 +125,7 @@ class Roster:
         self.version = 0
         """Bumped whenever a group came, went or changed."""
         self.never: dict[model.GroupId, NeverFits] = {}
-        """Groups that can never fit; a group's entry goes when the group changes."""
+        """The never-fits verdict of each group checked (``NeverFits``); a group's entry goes when the group changes."""
         self._per_queue: dict[model.QueueName, int] = {}
         self._queue_names: tuple[int, frozenset[model.QueueName]] = (0, frozenset())
         self._members: dict[model.GroupId, frozenset[model.PodUid]] = {}
