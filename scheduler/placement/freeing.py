@@ -35,37 +35,44 @@ def free_after(work: nodework.NodeWork, leaving: Sequence[model.Pod]) -> Free:
     """The node's free room once ``leaving`` (pods on it) are gone. A device held whole becomes free when its pod
     leaves; a shared device gets its share back, and becomes free for a whole-GPU pod (its reservation pod going
     too) when the last share of its group leaves. GPU models and measured memory are left to the real placement."""
-    free = Free(
-        cpu=work.free_cpu + sum(pod.requests.milli_cpu for pod in leaving),
-        memory=work.free_mem + sum(pod.requests.memory_bytes for pod in leaving),
-        slots=work.free_pods + sum(pod.requests.pods for pod in leaving),
-        room=list(work.dev_free),
-        whole=list(work.dev_whole),
-    )
-    allotted = list(work.dev_allotted)
+    # One pass, and the devices' allotments copied only when a GPU pod leaves: room-making asks this of every
+    # candidate it pools.
+    cpu, memory, slots = work.free_cpu, work.free_mem, work.free_pods
+    room, whole = list(work.dev_free), list(work.dev_whole)
+    allotted: list[int] | None = None
+    healthy = work.dev_healthy
     for pod in leaving:
+        requests = pod.requests
+        cpu += requests.milli_cpu
+        memory += requests.memory_bytes
+        slots += requests.pods
         for device in pod.devices:
-            if device >= len(free.room) or not work.dev_healthy[device]:
+            if device >= len(room) or not healthy[device]:
                 continue
+            if allotted is None:
+                allotted = list(work.dev_allotted)
             if pod.share is None:
                 allotted[device] = 0
-                free.room[device], free.whole[device] = devices.FULL, work.dev_group[device] is None
+                room[device], whole[device] = devices.FULL, work.dev_group[device] is None
                 continue
             allotted[device] = max(0, allotted[device] - pod.allotted_milli_gpu)
             if allotted[device] == 0 and work.dev_group[device] is not None:
-                free.room[device], free.whole[device] = devices.FULL, True
-                free.slots += 1  # the group's reservation pod goes with its last share
+                room[device], whole[device] = devices.FULL, True
+                slots += 1  # the group's reservation pod goes with its last share
             else:
-                free.room[device] = min(devices.FULL, free.room[device] + pod.allotted_milli_gpu)
-    return free
+                room[device] = min(devices.FULL, room[device] + pod.allotted_milli_gpu)
+    return Free(cpu=cpu, memory=memory, slots=slots, room=room, whole=whole)
 
 
 def pods_that_fit(work: nodework.NodeWork, free: Free, shape: shapes.Shape, limit: int) -> int:
     """How many pods of ``shape`` (at most ``limit``) the free room holds, by requests."""
     count = _gpu_fit(work, free, shape, limit)
-    for have, need in ((free.cpu, shape.milli_cpu), (free.memory, shape.memory_bytes), (free.slots, shape.pods)):
-        if need > 0:
-            count = min(count, max(0, have) // need)
+    if shape.milli_cpu > 0:
+        count = min(count, max(0, free.cpu) // shape.milli_cpu)
+    if shape.memory_bytes > 0:
+        count = min(count, max(0, free.memory) // shape.memory_bytes)
+    if shape.pods > 0:
+        count = min(count, max(0, free.slots) // shape.pods)
     return count
 
 
@@ -82,7 +89,10 @@ def _gpu_fit(work: nodework.NodeWork, free: Free, shape: shapes.Shape, limit: in
         mode = shape.share.compute_mode
         room = [left if free.whole[device] or work.joinable(device, mode) else 0 for device, left in enumerate(room)]
     if shape.share.devices == 1:
-        held = sum(left // need for left, need in zip(room, per_device, strict=True) if 0 < need <= left)
+        held = 0
+        for left, need in zip(room, per_device, strict=True):
+            if 0 < need <= left:
+                held += left // need
     else:
         held = sum(1 for left, need in zip(room, per_device, strict=True) if left >= need) // shape.share.devices
     return min(limit, held)
