@@ -81,14 +81,19 @@ def reclaim(scene: roommaking.Scene, group: model.Group, pods: Sequence[model.Po
     kinds = scene.kinds
 
     def alike(unit: victims.Unit) -> Hashable:
-        # What ``eligible`` reads of a unit (no min-runtime in play): its queue, what its live pods hold, their shapes.
+        # What ``eligible`` reads of a unit (no min-runtime in play): its queue, what its live pods hold, their shapes;
+        # as a small number per kind (``Scene.kind``: the searches hash it many times).
         live = victims.live_pods(unit, scene.draft.evicted)
         if live is unit.pods:
             key = kinds.get(id(unit))
             if key is None:
-                key = kinds[id(unit)] = (unit.group.queue, unit.amounts, tuple(scene.shape(pod) for pod in live))
+                key = kinds[id(unit)] = scene.kind(
+                    (unit.group.queue, unit.amounts, tuple(scene.shape(pod) for pod in live))
+                )
             return key
-        return unit.group.queue, victims.live_amounts(unit, scene.draft.evicted), tuple(scene.shape(p) for p in live)
+        return scene.kind(
+            (unit.group.queue, victims.live_amounts(unit, scene.draft.evicted), tuple(scene.shape(p) for p in live))
+        )
 
     units, start = scene.listed("all", lambda: _all_groups(scene))
     candidates = roommaking.Listed(

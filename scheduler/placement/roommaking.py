@@ -96,6 +96,7 @@ class Scene:
     movable_at: int = -1
     kinds: dict[int, Hashable] = dataclasses.field(default_factory=dict)
     """An action's ``Listed.alike`` key per unit (by id) with no pod evicted, kept for the cycle."""
+    _kind_numbers: dict[Hashable, int] = dataclasses.field(default_factory=dict)
     _positions: dict[object, earliest.Positions] = dataclasses.field(default_factory=dict)
     _earliest: dict[
         tuple[object, frozenset[tuple[shapes.Shape, int]], frozenset[model.QueueName]], earliest.Earliest
@@ -136,6 +137,10 @@ class Scene:
         else:
             found.sync()
         return found
+
+    def kind(self, key: Hashable) -> int:
+        """A number for ``key``, the same for equal keys for the rest of the cycle (cheap to hash and compare)."""
+        return self._kind_numbers.setdefault(key, len(self._kind_numbers))
 
     def failed_before(self, key: tuple[object, ...]) -> bool:
         """Did an attempt with this key fail with no eviction made since (so it would fail again)?"""

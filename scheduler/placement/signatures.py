@@ -71,11 +71,15 @@ class FailedAttempts:
     def _key_and_vectors(
         self, group: model.Group, pod_shapes: Sequence[shapes.Shape]
     ) -> tuple[tuple[object, ...], tuple[Vector, ...]]:
-        signature: tuple[filters.Constraints, ...] = tuple(
-            sorted({shape.constraints for shape in pod_shapes}, key=repr)
+        # Asked of every group room is made for: a one-pod group (most of them) sorts nothing.
+        constraints = {shape.constraints for shape in pod_shapes}
+        signature: tuple[filters.Constraints, ...] = (
+            tuple(constraints) if len(constraints) == 1 else tuple(sorted(constraints, key=repr))
         )
         key: tuple[object, ...] = (group.queue, signature, group.priority if self._by_priority else None)
         # KAI sorts by its partial order; ascending by (GPU, CPU, memory) orders every comparable pair alike.
+        if len(pod_shapes) == 1:
+            return key, (_vector(pod_shapes[0], self._reference),)
         return key, tuple(sorted(_vector(shape, self._reference) for shape in pod_shapes))
 
     def skip(self, group: model.Group, pod_shapes: Sequence[shapes.Shape]) -> tuple[bool, str | None]:
