@@ -93,6 +93,9 @@ class Cycle:
         self._released: set[model.NodeName] = set()
         """Nodes whose leaving pods a nominated group's held room counted as gone this cycle (then blocked)."""
         self.pod_shapes: dict[model.PodUid, shapes.Shape] = {}
+        self._signatures: dict[int, signatures.Signature] = {}
+        """Per pods room is made for (by id: ``failed`` and ``elastic_waiting`` keep them for the cycle), their
+        scheduling signature, read by each room-making action."""
         self.orphans = orphans
         self.victim_units = victim_units or victims.UnitCache()
         pending = set(groups.pending_queues())
@@ -339,9 +342,7 @@ class Cycle:
         wanted += [(group, step, gangs.total(step, self.reference)) for group, step in self.elastic_waiting]
         now = self.snapshot.now_ns
         # KAI's scheduling signatures: after a failure, a later attempt of the queue that is not easier is pointless.
-        failures = signatures.FailedAttempts(
-            by_priority=action is model.Action.PREEMPT, reference_memory_bytes=self.reference
-        )
+        failures = signatures.FailedAttempts(by_priority=action is model.Action.PREEMPT)
         for group, pods, amounts in wanted:
             if group.id in self.statuses:
                 continue
@@ -354,8 +355,12 @@ class Cycle:
             if leaving is not None:
                 self.statuses[group.id] = leaving  # room made for it in an earlier cycle is still being vacated
                 continue
-            pod_shapes = [self._shape(pod) for pod in pods]
-            pointless, why = failures.skip(group, pod_shapes)
+            signature = self._signatures.get(id(pods))
+            if signature is None:
+                signature = self._signatures[id(pods)] = signatures.of(
+                    group, [self._shape(pod) for pod in pods], self.reference
+                )
+            pointless, why = failures.skip(signature)
             if pointless:
                 if why is not None and action is model.Action.RECLAIM:
                     self.refusals[group.id] = why
@@ -373,7 +378,7 @@ class Cycle:
             if refused is None:
                 self.statuses[group.id] = evictions.waiting_status(reason, group, self.draft, since=since)
             else:
-                failures.failed(group, pod_shapes, refused if action is model.Action.RECLAIM else None)
+                failures.failed(signature, refused if action is model.Action.RECLAIM else None)
 
     def _hold_nominated_room(self, group: model.Group) -> None:
         """KAI's pipelining: while the victims evicted for a group are still leaving, the room the ones already gone

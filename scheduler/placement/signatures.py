@@ -14,6 +14,7 @@ by itself, the next pods are compared as well.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from scheduler.placement import filters, model, shapes
@@ -60,39 +61,50 @@ def _smaller(job: Sequence[Vector], representative: Sequence[Vector]) -> bool:
     return all(_le(mine, theirs) for mine, theirs in zip(job, representative, strict=False))
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Signature:
+    """What the signatures read of an attempt: its queue, its pods' scheduling constraints, its group's priority,
+    and its pods' requests in ascending order. Found once per group and cycle (``of``): each action asks it."""
+
+    queue: model.QueueName
+    constraints: tuple[filters.Constraints, ...]
+    priority: int
+    vectors: tuple[Vector, ...]
+
+
+def of(group: model.Group, pod_shapes: Sequence[shapes.Shape], reference_memory_bytes: int) -> Signature:
+    """The signature of an attempt for ``pod_shapes`` (the pods room is made for) of ``group``."""
+    # A one-pod group (most of them) sorts nothing.
+    found = {shape.constraints for shape in pod_shapes}
+    constraints = tuple(found) if len(found) == 1 else tuple(sorted(found, key=repr))
+    if len(pod_shapes) == 1:
+        vectors: tuple[Vector, ...] = (_vector(pod_shapes[0], reference_memory_bytes),)
+    else:
+        # KAI sorts by its partial order; ascending by (GPU, CPU, memory) orders every comparable pair alike.
+        vectors = tuple(sorted(_vector(shape, reference_memory_bytes) for shape in pod_shapes))
+    return Signature(queue=group.queue, constraints=constraints, priority=group.priority, vectors=vectors)
+
+
 class FailedAttempts:
     """One action's smallest failed attempts per queue and signature (lives for one action of one cycle)."""
 
-    def __init__(self, *, by_priority: bool, reference_memory_bytes: int) -> None:
+    def __init__(self, *, by_priority: bool) -> None:
         self._by_priority = by_priority
-        self._reference = reference_memory_bytes
         self._representatives: dict[tuple[object, ...], tuple[tuple[Vector, ...], str | None]] = {}
 
-    def _key_and_vectors(
-        self, group: model.Group, pod_shapes: Sequence[shapes.Shape]
-    ) -> tuple[tuple[object, ...], tuple[Vector, ...]]:
-        # Asked of every group room is made for: a one-pod group (most of them) sorts nothing.
-        constraints = {shape.constraints for shape in pod_shapes}
-        signature: tuple[filters.Constraints, ...] = (
-            tuple(constraints) if len(constraints) == 1 else tuple(sorted(constraints, key=repr))
-        )
-        key: tuple[object, ...] = (group.queue, signature, group.priority if self._by_priority else None)
-        # KAI sorts by its partial order; ascending by (GPU, CPU, memory) orders every comparable pair alike.
-        if len(pod_shapes) == 1:
-            return key, (_vector(pod_shapes[0], self._reference),)
-        return key, tuple(sorted(_vector(shape, self._reference) for shape in pod_shapes))
+    def _key(self, signature: Signature) -> tuple[object, ...]:
+        return (signature.queue, signature.constraints, signature.priority if self._by_priority else None)
 
-    def skip(self, group: model.Group, pod_shapes: Sequence[shapes.Shape]) -> tuple[bool, str | None]:
-        """Is an attempt for these pods pointless after an earlier failure? Also why the earlier one failed."""
-        key, vectors = self._key_and_vectors(group, pod_shapes)
-        found = self._representatives.get(key)
-        if found is None or _easier(vectors, found[0]):
+    def skip(self, signature: Signature) -> tuple[bool, str | None]:
+        """Is an attempt with this signature pointless after an earlier failure? Also why the earlier one failed."""
+        found = self._representatives.get(self._key(signature))
+        if found is None or _easier(signature.vectors, found[0]):
             return False, None
         return True, found[1]
 
-    def failed(self, group: model.Group, pod_shapes: Sequence[shapes.Shape], refusal: str | None) -> None:
+    def failed(self, signature: Signature, refusal: str | None) -> None:
         """Record a failed attempt; it represents its signature when it is smaller than the one before."""
-        key, vectors = self._key_and_vectors(group, pod_shapes)
+        key = self._key(signature)
         found = self._representatives.get(key)
-        if found is None or _smaller(vectors, found[0]):
-            self._representatives[key] = (vectors, refusal)
+        if found is None or _smaller(signature.vectors, found[0]):
+            self._representatives[key] = (signature.vectors, refusal)
