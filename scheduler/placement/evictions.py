@@ -144,11 +144,16 @@ def consolidate(scene: roommaking.Scene, group: model.Group, pods: Sequence[mode
         queue = queues.get(unit.group.queue)
         return queue is not None and scene.old_enough(unit, queue.preempt_min_runtime_ns)
 
+    units, start = scene.listed("all", lambda: _all_groups(scene))
+    # Every queue's units: a one-pod attempt then skips the nodes its window cannot make ready (``Scene.hopeless``).
+    candidates = roommaking.Listed(
+        key="all", units=units, start=start, queues=frozenset(scene.positions("all", units).by_queue)
+    )
     done = roommaking.make_room(
         scene,
         group=group,
         minimum=pods,
-        candidates=_everyone(scene),
+        candidates=candidates,
         reason=decisions.EvictionReason.CONSOLIDATE,
         eligible=eligible,
         moves=True,

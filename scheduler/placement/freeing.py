@@ -151,6 +151,10 @@ class Room:
                 self._short_by_look[key] = found
         return work, found[0], found[1]
 
+    def short(self, name: model.NodeName) -> bool:
+        """Does the node hold fewer pods of some shape of the minimum than the minimum has (room-making's case)?"""
+        return bool(self._short(name)[1])
+
     def helps(self, name: model.NodeName, pooled: Sequence[model.Pod], pods: Sequence[model.Pod]) -> bool:
         """Do ``pods`` free something the node is short of for one more pod of the minimum, ``pooled`` gone?"""
         work, short, now = self._short(name)
@@ -171,6 +175,11 @@ class Room:
             if any(lacking and given > 0 for lacking, given in short_of):
                 return True
         return False
+
+    def gains_with(self, name: model.NodeName, free: Free) -> bool:
+        """Would the node hold more pods of the minimum with ``free`` room (``free_after`` of some of its pods)?"""
+        work, short, _ = self._short(name)
+        return any(pods_that_fit(work, free, shape, needed) > before for shape, needed, before in short)
 
     def gains(self, name: model.NodeName, leaving: Sequence[model.Pod]) -> bool:
         """Would the node hold more pods of the minimum once ``leaving`` are gone?"""

@@ -64,6 +64,7 @@ from scheduler.placement import (
     status,
     victims,
 )
+from scheduler.placement.earliest import Positions
 
 _SETTLES_BEFORE_BOUND = 2
 """Failed tries of a gang's minimum after which it is tried again only where ``roombounds.FitBound`` says it may fit."""
@@ -97,6 +98,9 @@ class Scene:
     kinds: dict[int, Hashable] = dataclasses.field(default_factory=dict)
     """An action's ``Listed.alike`` key per unit (by id) with no pod evicted, kept for the cycle."""
     _kind_numbers: dict[Hashable, int] = dataclasses.field(default_factory=dict)
+    _window_free: dict[model.NodeName, tuple[object, tuple[object, ...], freeing.Free]] = dataclasses.field(
+        default_factory=dict
+    )
     _positions: dict[object, earliest.Positions] = dataclasses.field(default_factory=dict)
     _earliest: dict[
         tuple[object, frozenset[tuple[shapes.Shape, int]], frozenset[model.QueueName]], earliest.Earliest
@@ -126,9 +130,7 @@ class Scene:
         """The bounds of ``earliest`` for the list ``key`` (``units``), the units of ``queues`` and a minimum of
         ``wanted`` shapes, kept for the rest of the cycle and brought up to date with its changes; ``start``: the
         asking attempt's first live unit."""
-        positions = self._positions.get(key)
-        if positions is None or positions.units is not units:
-            positions = self._positions[key] = earliest.Positions(units)
+        positions = self.positions(key, units)
         found = self._earliest.get((key, wanted, queues))
         if found is None:
             found = self._earliest[(key, wanted, queues)] = earliest.Earliest(
@@ -137,6 +139,40 @@ class Scene:
         else:
             found.sync()
         return found
+
+    def positions(self, key: object, units: Sequence[victims.Unit]) -> Positions:
+        """The victim list ``key`` (``units``) indexed by node and queue, built once per cycle."""
+        positions = self._positions.get(key)
+        if positions is None or positions.units is not units:
+            positions = self._positions[key] = earliest.Positions(units)
+        return positions
+
+    def window_free(self, listed: Listed, end: int, name: model.NodeName) -> freeing.Free:
+        """What the node would have free once every live candidate of ``listed`` before ``end`` with a pod on it left
+        (``freeing.free_after``): no pool of those candidates frees more. Kept per node while the node, the list's
+        start and ``end`` stay as they are (an eviction or placement there files the node under another look)."""
+        cap = self.searcher.capacity
+        work = cap.by_name[name]
+        look = cap.look_of[work.order]
+        known = self._window_free.get(name)
+        if (
+            known is not None
+            and known[0] is look
+            and known[1] == (work.free_pods, listed.key, listed.start, end)
+            and look is not None
+        ):
+            return known[2]
+        positions = self.positions(listed.key, listed.units).by_node.get(name, [])
+        evicted = self.draft.evicted
+        leaving = [
+            pod
+            for position in positions[bisect.bisect_left(positions, listed.start) : bisect.bisect_left(positions, end)]
+            for pod in victims.live_pods(listed.units[position], evicted)
+            if pod.node == name
+        ]
+        free = freeing.free_after(work, leaving)
+        self._window_free[name] = (look, (work.free_pods, listed.key, listed.start, end), free)
+        return free
 
     def kind(self, key: Hashable) -> int:
         """A number for ``key``, the same for equal keys for the rest of the cycle (cheap to hash and compare)."""
@@ -319,8 +355,14 @@ def make_room(
     wanted_shapes = [scene.pod_shapes[pod.uid] for pod in minimum]
     units, scanned = roombounds.limits(wanted_shapes)
     listed: Listed | None = None
+    window: tuple[Listed, int] | None = None
     if isinstance(candidates, Listed):
         listed = candidates if budget is None and not moves and len(minimum) == 1 else None
+        if moves:
+            end = scene.positions(candidates.key, candidates.units).window_end(
+                candidates.start, candidates.queues, scanned
+            )
+            window = (candidates, end)
         candidates = candidates.candidates()
     search = _Search(
         scene,
@@ -336,6 +378,7 @@ def make_room(
         budget=budget,
         moves=moves,
         validate=validate,
+        window=window,
     )
     # Where an attempt for these shapes already failed this cycle (a group of another queue, or before evictions
     # changed the picture), the cluster is likely to have no room for them at all: first ask whether any node could
@@ -366,7 +409,10 @@ class _Search:
         budget: int | None,
         moves: bool,
         validate: Callable[[], bool] | None,
+        window: tuple[Listed, int] | None = None,
     ) -> None:
+        """``window``: where the candidates come from and the position they end before, when every unit of the list
+        in between is one (``_hopeless``)."""
         self.scene = scene
         self.draft = scene.draft
         self.group = group
@@ -383,6 +429,7 @@ class _Search:
         self.budget = budget
         self.moves = moves
         self.validate = validate
+        self.window = window
         self.room = freeing.Room(scene.searcher, [scene.pod_shapes[pod.uid] for pod in minimum])
         self.start = scene.draft.checkpoint()
         self.pools: dict[model.NodeName, list[victims.Unit]] = {}
@@ -655,7 +702,10 @@ class _Search:
         if not nodes or not self.eligible(unit):
             return None
         ready: model.NodeName | None = None
+        window = self.window
         for name in nodes:
+            if window is not None and self._hopeless(window, name):
+                continue  # never ready: its pool would never be used
             pool = self.pools.setdefault(name, [])
             pooled = [pod for member in pool for pod in self._live(member)]
             if not self.room.helps(name, pooled, live):
@@ -665,6 +715,14 @@ class _Search:
             if ready is None and self.room.gains(name, [*pooled, *live]):
                 ready = name
         return ready
+
+    def _hopeless(self, window: tuple[Listed, int], name: model.NodeName) -> bool:
+        """Could no pool on the node give it room, even every candidate of the window on it gone? Then pooling there
+        changes nothing (room only grows with what leaves). A consolidation's window holds about a thousand units on
+        as many nodes, and a full cluster's walk finds a few of them ready: this is one check per node, where
+        pooling asked two per candidate."""
+        room = self.room
+        return room.short(name) and not room.gains_with(name, self.scene.window_free(window[0], window[1], name))
 
     def _single(
         self, node: model.NodeName, batch: list[victims.Unit], after: Callable[[], Iterable[victims.Unit]]
