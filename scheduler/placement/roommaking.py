@@ -158,20 +158,23 @@ class Scene:
         if (
             known is not None
             and known[0] is look
-            and known[1] == (work.free_pods, listed.key, listed.start, end)
+            and known[1] == (work.free_pods, listed.key, listed.queues, listed.start, end)
             and look is not None
         ):
             return known[2]
         positions = self.positions(listed.key, listed.units).by_node.get(name, [])
+        units = listed.units
+        queues = listed.queues
         evicted = self.draft.evicted
         leaving = [
             pod
             for position in positions[bisect.bisect_left(positions, listed.start) : bisect.bisect_left(positions, end)]
-            for pod in victims.live_pods(listed.units[position], evicted)
+            if units[position].group.queue in queues
+            for pod in victims.live_pods(units[position], evicted)
             if pod.node == name
         ]
         free = freeing.free_after(work, leaving)
-        self._window_free[name] = (look, (work.free_pods, listed.key, listed.start, end), free)
+        self._window_free[name] = (look, (work.free_pods, listed.key, queues, listed.start, end), free)
         return free
 
     def kind(self, key: Hashable) -> int:
@@ -358,11 +361,8 @@ def make_room(
     window: tuple[Listed, int] | None = None
     if isinstance(candidates, Listed):
         listed = candidates if budget is None and not moves and len(minimum) == 1 else None
-        if moves:
-            end = scene.positions(candidates.key, candidates.units).window_end(
-                candidates.start, candidates.queues, scanned
-            )
-            window = (candidates, end)
+        end = scene.positions(candidates.key, candidates.units).window_end(candidates.start, candidates.queues, scanned)
+        window = (candidates, end)
         candidates = candidates.candidates()
     search = _Search(
         scene,
@@ -411,8 +411,8 @@ class _Search:
         validate: Callable[[], bool] | None,
         window: tuple[Listed, int] | None = None,
     ) -> None:
-        """``window``: where the candidates come from and the position they end before, when every unit of the list
-        in between is one (``_hopeless``)."""
+        """``window``: where the candidates come from (``Listed``) and the position in its list they end before: the
+        candidates are its units of its queues in between (``_hopeless``)."""
         self.scene = scene
         self.draft = scene.draft
         self.group = group
@@ -718,9 +718,9 @@ class _Search:
 
     def _hopeless(self, window: tuple[Listed, int], name: model.NodeName) -> bool:
         """Could no pool on the node give it room, even every candidate of the window on it gone? Then pooling there
-        changes nothing (room only grows with what leaves). A consolidation's window holds about a thousand units on
-        as many nodes, and a full cluster's walk finds a few of them ready: this is one check per node, where
-        pooling asked two per candidate."""
+        changes nothing (room only grows with what leaves). A window holds about a thousand units on as many nodes,
+        and on a full cluster a walk finds a few of them ready: this is one check per node, where pooling asked two
+        per candidate."""
         room = self.room
         return room.short(name) and not room.gains_with(name, self.scene.window_free(window[0], window[1], name))
 

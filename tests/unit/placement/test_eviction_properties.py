@@ -440,11 +440,11 @@ def test_the_first_step_found_node_by_node_is_the_walks_and_changes_no_decision(
 
 @_SETTINGS
 @given(st.one_of(_case(), _reclaim_case()))
-def test_a_consolidation_that_skips_the_nodes_its_window_cannot_make_ready_changes_no_decision(
+def test_a_walk_that_skips_the_nodes_its_window_cannot_make_ready_changes_no_decision(
     case: tuple[model.Snapshot, list[model.Group], bool],
 ) -> None:
-    """A consolidation pools no victim on a node that every candidate of its window on it gone would not make ready:
-    the cycle decides, and explains, as one that pools on every node."""
+    """A room-making walk (consolidation, or a reclaim that walks) pools no victim on a node that every candidate of
+    its window on it gone would not make ready: the cycle decides, and explains, as one that pools on every node."""
     snapshot, _ = _second_cycle(case)
     hopeless = roommaking._Search._hopeless
     skipped: list[model.NodeName] = []
@@ -459,6 +459,6 @@ def test_a_consolidation_that_skips_the_nodes_its_window_cannot_make_ready_chang
         skipping = engine.Engine().run(snapshot)
     with mock.patch.object(roommaking._Search, "_hopeless", lambda self, window, name: False):
         pooling = engine.Engine().run(snapshot)
-    event("a consolidation skipped a node" if skipped else "no node skipped")
+    event("a walk skipped a node" if skipped else "no node skipped")
     assert builders.decisions(skipping) == builders.decisions(pooling)
     assert skipping.statuses == pooling.statuses
