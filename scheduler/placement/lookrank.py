@@ -130,15 +130,18 @@ class LookRanks:
         heap.entries = live
         heap.present = {id(entry[2]) for entry in live}
 
-    def best(self, heap: Ranking) -> list[Candidate]:
+    def best(self, heap: Ranking, *, every: bool = True) -> list[Candidate]:
         """Every live look with the best score (empty when none takes the shape): gone looks are dropped from the
         top until a live one is there, then every entry with its score is found without popping (in a heap they form
-        a subtree around the root)."""
+        a subtree around the root). Without ``every``, only the one whose first node comes first (the search's pick
+        when no tie is drawn)."""
         if not self.any(heap):
             return []
         entries = heap.entries
         best = entries[0][0]
         top: list[Candidate] = []
+        first: capacity.Look | None = None
+        live = 0
         gone = 0
         size = len(entries)
         stack = [0]
@@ -148,16 +151,25 @@ class LookRanks:
             if entry[0] != best:
                 continue
             look = entry[2]
-            if look.members:
-                top.append((look.members[0], look.members, entry[3]))
-            else:
+            members = look.members
+            if not members:
                 gone += 1
+            elif every:
+                top.append((members[0], members, entry[3]))
+            else:
+                live += 1
+                if first is None or members[0] < first.members[0]:
+                    first, found = look, entry[3]
             child = 2 * index + 1
             if child < size:
                 stack.append(child)
                 if child + 1 < size:
                     stack.append(child + 1)
-        if gone > _GONE_TIED and gone > len(top):
+        if first is not None:
+            top.append((first.members[0], first.members, found))
+        else:
+            live = len(top)
+        if gone > _GONE_TIED and gone > live:
             # Looks come and go on a busy cluster, and the gone ones tied with the best stay below the top: the
             # walk above passed more of them than of live ones. Drop them all once (linear, like one such walk in
             # a few dozen).

@@ -304,7 +304,9 @@ class Searcher:
         top_score = 0
         top: list[tuple[int, Sequence[int], capacity.LookBest]] = []
         if self.group_alike and shape.pods + (share.devices if share is not None else 0) <= capacity.LOOK_POD_SLOTS:
-            top = self._ranks.best(self._ranking(shape, eligible, scorer, fixed_request))
+            top = self._ranks.best(
+                self._ranking(shape, eligible, scorer, fixed_request), every=self.draw_tie is not None
+            )
         else:
             look_of = self.capacity.look_of
             for cls in eligible:

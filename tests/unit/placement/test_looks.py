@@ -321,3 +321,23 @@ def test_a_ranking_keeps_one_entry_per_look_and_drops_gone_looks_tied_with_the_b
     assert [candidate[1] for candidate in ranks.best(heap)] == [list(range(40))]
     assert len(heap.entries) == 1, "the forty gone looks tied with the best were dropped"
     assert ranks.best(heap) and len(heap.entries) == 1
+
+
+def test_the_best_look_alone_is_the_tied_look_whose_first_node_comes_first() -> None:
+    """``best(every=False)`` (the search's pick when no tie is drawn) is the candidate among every tied one with the
+    smallest first node."""
+    cap = _capacity(*(builders.node(f"n{i}", gpus=2, cpu=64_000) for i in range(12)))
+    ranks = lookrank.LookRanks()
+    for order, work in enumerate(cap.by_order):
+        if order % 3:
+            cap.begin(work)
+            work.free_cpu -= 1000 * order  # a look of its own for two nodes in three
+            cap.end(work)
+
+    def scored(look: capacity.Look) -> capacity.LookBest:
+        return (1 if look.members[0] % 2 else 0, (), ())  # the looks of odd first nodes tie for the best
+
+    heap = ranks.heap(cap, 0, (0,), scored, epoch=1)
+    every = ranks.best(heap)
+    assert sorted(candidate[0] for candidate in every) == [1, 5, 7, 11]
+    assert ranks.best(heap, every=False) == [min(every)]
