@@ -23,8 +23,8 @@ class Explainer:
         self._summaries: dict[shapes.Shape, tuple[str, bool]] = {}
         self._candidates: dict[shapes.Shape, tuple[status.Candidate, ...]] = {}
         self.alone: dict[tuple[object, ...], tuple[status.Reason, str, str, status.Detail] | None] = {}
-        """``failure_status`` of a one-pod minimum, but for the pod's name (``_around``): a backlog holds thousands of
-        groups alike but for their names."""
+        """``failure_status`` of a one-pod minimum, but for the pod's name (``_around``), per shape, queue, amounts and
+        refusal (the rest it reads is the queue's): a backlog holds thousands of groups alike but for their names."""
 
     def candidates(self, shape: shapes.Shape) -> tuple[status.Candidate, ...]:
         """The best few nodes for a pod of this shape, with what each lacked (``diagnosis.candidates``)."""
@@ -61,9 +61,11 @@ def failure_status(
     refusal: str | None,
 ) -> status.Status:
     """The status of a group whose minimum did not fit (``pod_shapes`` in the minimum's order); ``held`` and
-    ``fair`` are its queue's, ``everyone`` what all queues hold, ``refusal`` why reclaim did not act."""
+    ``fair`` are its queue's, ``everyone`` what all queues hold, ``refusal`` why reclaim did not act. One explainer
+    serves one cycle's end state: the same ``held`` and ``fair`` for every group of a queue, the same ``everyone``."""
     if len(minimum) == 1:
-        key = (pod_shapes[0], group.queue, amounts, held, fair, everyone, refusal)
+        # ``held``, ``fair`` and ``everyone`` are the queue's and the cycle's (fixed once statuses are written).
+        key = (pod_shapes[0], group.queue, amounts, refusal)
         pod_text = diagnosis.describe_pod(minimum[0]) + diagnosis.gpu_model_hint(pod_shapes[0])
         if key not in explainer.alone:
             found = _failure_status(
