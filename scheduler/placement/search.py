@@ -242,8 +242,12 @@ class Searcher:
         """Could one of these nodes (by order) take a pod of ``shape`` now?"""
         eligible = self.eligible(shape.constraints)
         by_order = self.capacity.by_order
+        cpu, memory, pods, whole = shape.milli_cpu, shape.memory_bytes, shape.pods, shape.whole_gpus
         for order in orders:
             work = by_order[order]
+            # What ``_fits_on`` would find missing first, without listing the device choices.
+            if work.free_cpu < cpu or work.free_mem < memory or work.free_pods < pods or work.whole_count < whole:
+                continue
             if work.cls in eligible and _fits_on(work, shape):
                 return True
         return False
