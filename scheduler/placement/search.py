@@ -226,8 +226,8 @@ class Searcher:
         cap = self.capacity
         known = self._nowhere.get(shape)
         if known is not None and known[0] == cap.generation:
-            since = set(cap.grown[known[1] :])
-            if len(since) <= _RECHECKED_NODES and not self._fits_any(shape, since):
+            since = _distinct(cap.grown, known[1], _RECHECKED_NODES)
+            if since is not None and not self._fits_any(shape, since):
                 self._nowhere[shape] = cap.nowhere()
                 return True
         return False
@@ -404,6 +404,17 @@ def _best_on(
             share_milli = tuple(per_device[device] for device in chosen) if shape.share else ()
             best = (score, chosen, share_milli)
     return best
+
+
+def _distinct(log: list[int], start: int, limit: int) -> set[int] | None:
+    """The distinct entries of ``log`` from ``start`` on, or None when there are more than ``limit`` (read no further:
+    a busy cycle's log holds thousands)."""
+    found: set[int] = set()
+    for index in range(start, len(log), limit):
+        found.update(log[index : index + limit])
+        if len(found) > limit:
+            return None
+    return found
 
 
 def _fits_on(work: nodework.NodeWork, shape: shapes.Shape) -> bool:

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common.resources import Resources
-from scheduler.placement import applying, capacity, decisions, engine, lookrank, model, scoring, shapes
+from scheduler.placement import applying, capacity, decisions, engine, lookrank, model, scoring, search, shapes
 from tests.unit.placement import builders
 
 GIB = builders.GIB
@@ -341,3 +341,11 @@ def test_the_best_look_alone_is_the_tied_look_whose_first_node_comes_first() -> 
     every = ranks.best(heap)
     assert sorted(candidate[0] for candidate in every) == [1, 5, 7, 11]
     assert ranks.best(heap, every=False) == [min(every)]
+
+
+def test_the_nodes_grown_since_a_verdict_are_read_up_to_the_recheck_limit() -> None:
+    log = [3, 1, 3, 2, 1] + list(range(10, 20)) + [1] * 50
+    assert search._distinct(log, 0, 16) == {1, 2, 3, *range(10, 20)}
+    assert search._distinct(log, 5, 16) == {1, *range(10, 20)}
+    assert search._distinct(log, 0, 12) is None
+    assert search._distinct(log, len(log), 4) == set()
