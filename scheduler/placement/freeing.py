@@ -79,11 +79,18 @@ def pods_that_fit(work: nodework.NodeWork, free: Free, shape: shapes.Shape, limi
 def _gpu_fit(work: nodework.NodeWork, free: Free, shape: shapes.Shape, limit: int) -> int:
     """How many pods of ``shape`` (at most ``limit``) the node's devices hold, by GPU alone."""
     if shape.whole_gpus:
-        return min(limit, sum(free.whole) // shape.whole_gpus)
+        return min(limit, free.whole.count(True) // shape.whole_gpus)
     if shape.share is None:
         return limit
-    per_device = work.share_on_each(shape.share)
+    share = shape.share
     room = free.room
+    if share.milli_gpu and not work.modes and share.compute_mode is model.ComputeMode.TIME_SLICING:
+        # The common share: the same milli-GPU on every device, one mode (read without the per-device tuple).
+        need = share.milli_gpu
+        if share.devices == 1:
+            return min(limit, sum(left // need for left in room if left >= need))
+        return min(limit, sum(1 for left in room if left >= need) // share.devices)
+    per_device = work.share_on_each(share)
     if work.modes or shape.share.compute_mode is not model.ComputeMode.TIME_SLICING:
         # A group of another compute mode is no room for this share unless its last share leaves (free.whole).
         mode = shape.share.compute_mode
