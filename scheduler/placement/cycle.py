@@ -36,7 +36,7 @@ from scheduler.placement import (
     ordering,
     pending,
     plan,
-    roommaking,
+    roomscene,
     roster,
     search,
     shapes,
@@ -87,7 +87,7 @@ class Cycle:
         self.statuses: dict[model.GroupId, status.Status] = {}
         self.failed: list[Failed] = []
         self.elastic_waiting: list[tuple[model.Group, gangs.Step]] = []
-        self.scene: roommaking.Scene | None = None
+        self.scene: roomscene.Scene | None = None
         self._leaving: dict[model.NodeName, list[tuple[model.Group, model.Pod]]] | None = None
         """Running pods already leaving, by node (built on first use)."""
         self._released: set[model.NodeName] = set()
@@ -309,10 +309,10 @@ class Cycle:
 
     # --- consolidate, reclaim, preempt ---------------------------------------------------------------------------
 
-    def _scene(self) -> roommaking.Scene:
+    def _scene(self) -> roomscene.Scene:
         if self.scene is not None:
             return self.scene
-        self.scene = roommaking.Scene(
+        self.scene = roomscene.Scene(
             snapshot=self.snapshot,
             draft=self.draft,
             searcher=self.searcher,

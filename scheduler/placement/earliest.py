@@ -31,7 +31,7 @@ from collections.abc import Collection, Iterator, Sequence
 from scheduler.placement import capacity, freeing, model, victims
 
 _SWEEP = 64
-"""Units looked at per step when the bounds are found further along the victim list."""
+"""Units of the action's queues looked at per step when the bounds are found further along the victim list."""
 
 
 class Positions:

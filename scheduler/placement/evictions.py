@@ -22,19 +22,30 @@ from __future__ import annotations
 from collections.abc import Container, Hashable, Iterator, Sequence
 
 from common.resources import Resources
-from scheduler.placement import decisions, gangs, model, plan, reclaimable, roommaking, status, subgroups, victims
+from scheduler.placement import (
+    decisions,
+    gangs,
+    model,
+    plan,
+    reclaimable,
+    roommaking,
+    roomscene,
+    status,
+    subgroups,
+    victims,
+)
 
 
-def _all_groups(scene: roommaking.Scene) -> list[model.Group]:
+def _all_groups(scene: roomscene.Scene) -> list[model.Group]:
     return [group for leaf in sorted(scene.running) for group in scene.running[leaf]]
 
 
-def _everyone(scene: roommaking.Scene) -> Iterator[victims.Unit]:
+def _everyone(scene: roomscene.Scene) -> Iterator[victims.Unit]:
     """Every preemptible running unit of every queue, in victim order (from the first not evicted yet)."""
     return scene.candidates("all", lambda: _all_groups(scene))
 
 
-def reclaim(scene: roommaking.Scene, group: model.Group, pods: Sequence[model.Pod], amounts: Resources) -> str | None:
+def reclaim(scene: roomscene.Scene, group: model.Group, pods: Sequence[model.Pod], amounts: Resources) -> str | None:
     """Take back room from other queues for ``pods`` (a minimum or an elastic pod); see ``reclaimable``.
 
     Returns None when room was made, else why not (in numbers, for the group's status).
@@ -96,7 +107,7 @@ def reclaim(scene: roommaking.Scene, group: model.Group, pods: Sequence[model.Po
         )
 
     units, start = scene.listed("all", lambda: _all_groups(scene))
-    candidates = roommaking.Listed(
+    candidates = roomscene.Listed(
         key="all", units=units, start=start, queues=frozenset(givers), alike=alike, reasons=floor_refused
     )
     # A min-runtime makes ``eligible`` note when a victim comes of age: only the walk asks it of every candidate.
@@ -116,7 +127,7 @@ def reclaim(scene: roommaking.Scene, group: model.Group, pods: Sequence[model.Po
     return rules.refusal or "evicting every victim the queues allow would not make room for it"
 
 
-def preempt(scene: roommaking.Scene, group: model.Group, pods: Sequence[model.Pod]) -> str | None:
+def preempt(scene: roomscene.Scene, group: model.Group, pods: Sequence[model.Pod]) -> str | None:
     """Evict strictly lower-priority preemptible work of the same queue; None when room was made."""
     queue = scene.tree.queues.get(group.queue)
     if queue is None:
@@ -134,7 +145,7 @@ def preempt(scene: roommaking.Scene, group: model.Group, pods: Sequence[model.Po
     return None if done else f"no lower-priority work of queue {group.queue} would make room"
 
 
-def consolidate(scene: roommaking.Scene, group: model.Group, pods: Sequence[model.Pod]) -> str | None:
+def consolidate(scene: roomscene.Scene, group: model.Group, pods: Sequence[model.Pod]) -> str | None:
     """Move preemptible pods elsewhere so the group fits; only if every moved pod finds a new place."""
     if not group.preemptible:
         return "only preemptible groups consolidate"
@@ -145,8 +156,8 @@ def consolidate(scene: roommaking.Scene, group: model.Group, pods: Sequence[mode
         return queue is not None and scene.old_enough(unit, queue.preempt_min_runtime_ns)
 
     units, start = scene.listed("all", lambda: _all_groups(scene))
-    # Every queue's units: a one-pod attempt then skips the nodes its window cannot make ready (``Scene.hopeless``).
-    candidates = roommaking.Listed(
+    # As a list of every queue's units: the walk then skips the nodes its window cannot make ready (``roommaking``).
+    candidates = roomscene.Listed(
         key="all", units=units, start=start, queues=frozenset(scene.positions("all", units).by_queue)
     )
     done = roommaking.make_room(
@@ -161,7 +172,7 @@ def consolidate(scene: roommaking.Scene, group: model.Group, pods: Sequence[mode
     return None if done else "moving pods elsewhere would not make room"
 
 
-def move_leftovers(scene: roommaking.Scene) -> None:
+def move_leftovers(scene: roomscene.Scene) -> None:
     """At the end of a cycle, move every pod evicted to make room that fits somewhere after all.
 
     Later evictions may have freed room an earlier victim fits in; moving it then costs nobody anything. A gang
@@ -213,7 +224,7 @@ def move_batches(
     return [tuple(leaf_pods) for _, leaf_pods in sorted(by_leaf.items())] + batches
 
 
-def stale_gangs(scene: roommaking.Scene, candidates: Sequence[model.Group]) -> None:
+def stale_gangs(scene: roomscene.Scene, candidates: Sequence[model.Group]) -> None:
     """Evict whole every running gang that has been below its minimum (or with a subgroup below its own) for longer
     than the grace period."""
     now = scene.snapshot.now_ns

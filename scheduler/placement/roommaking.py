@@ -38,16 +38,19 @@ ends where the walk's first step ends (the same pool evicted, the same reservati
 ready (the walk fails, and the reason it would leave is left: the action's last refusal in the window, ``Listed``);
 where the walk would go on past its first step, it walks from the start. The precheck above is not asked then: the
 bounds answer a cluster without room as fast.
+
+A walk whose candidates are ``Listed`` pools none on a node that would not gain room even with every candidate of
+its window on it gone (``_Search._hopeless``): such a pool would never be used, and on a full cluster most nodes a
+window touches are such nodes. The state attempts share for the cycle (victim lists, bounds, what a window frees per
+node) is the ``roomscene.Scene``.
 """
 
 from __future__ import annotations
 
 import bisect
 import collections
-import dataclasses
 import functools
-import itertools
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 
 from scheduler.placement import (
     decisions,
@@ -56,159 +59,16 @@ from scheduler.placement import (
     freeing,
     gangs,
     model,
-    ordering,
     plan,
     roombounds,
-    search,
     shapes,
     status,
     victims,
 )
-from scheduler.placement.earliest import Positions
+from scheduler.placement.roomscene import Listed, Scene
 
 _SETTLES_BEFORE_BOUND = 2
 """Failed tries of a gang's minimum after which it is tried again only where ``roombounds.FitBound`` says it may fit."""
-
-
-@dataclasses.dataclass(slots=True, kw_only=True)
-class Scene:
-    """What the room-making actions read and change during one cycle."""
-
-    snapshot: model.Snapshot
-    draft: plan.Draft
-    searcher: search.Searcher
-    pod_shapes: Mapping[model.PodUid, shapes.Shape]
-    order: ordering.QueueOrder
-    tree: fairshare.Tree
-    shares: Mapping[model.QueueName, fairshare.Share]
-    running: Mapping[model.QueueName, Sequence[model.Group]]
-    """Groups with running members, per leaf queue, in id order."""
-    units: victims.UnitCache
-    """The engine's cache of running groups' eviction units (kept across cycles)."""
-    clock_matters: bool = False
-    """Set when a decision depended on the time: a victim too young, a stale gang within its grace."""
-    wake_ns: int | None = None
-    """The earliest time at which such a decision would go the other way (``wake_at``); None: none known."""
-    _victims: roombounds.VictimLists = dataclasses.field(init=False)
-    _failures: dict[tuple[object, ...], int] = dataclasses.field(default_factory=dict)
-    _failed_shapes: set[tuple[object, ...]] = dataclasses.field(default_factory=set)
-    movable_known: dict[tuple[shapes.Shape, ...], bool] = dataclasses.field(default_factory=dict)
-    """``movable``'s answers per victim shapes, valid while the draft's version is ``movable_at``."""
-    movable_at: int = -1
-    kinds: dict[int, Hashable] = dataclasses.field(default_factory=dict)
-    """An action's ``Listed.alike`` key per unit (by id) with no pod evicted, kept for the cycle."""
-    _kind_numbers: dict[Hashable, int] = dataclasses.field(default_factory=dict)
-    _window_free: dict[model.NodeName, tuple[object, tuple[object, ...], freeing.Free]] = dataclasses.field(
-        default_factory=dict
-    )
-    _positions: dict[object, earliest.Positions] = dataclasses.field(default_factory=dict)
-    _earliest: dict[
-        tuple[object, frozenset[tuple[shapes.Shape, int]], frozenset[model.QueueName]], earliest.Earliest
-    ] = dataclasses.field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self._victims = roombounds.VictimLists(self.draft, self.units)
-
-    def candidates(self, key: object, groups: Callable[[], list[model.Group]]) -> Iterator[victims.Unit]:
-        """The victim units of ``groups`` (preemptible ones only) in victim order, sorted once per cycle, from the
-        first one with a pod not evicted yet (``roombounds.VictimLists``); ``make_room`` skips pods evicted since."""
-        return self._victims.live(key, groups)
-
-    def listed(self, key: object, groups: Callable[[], list[model.Group]]) -> tuple[Sequence[victims.Unit], int]:
-        """The same units as ``candidates``: the whole list and the position ``candidates`` starts from."""
-        return self._victims.listed(key, groups)
-
-    def earliest(
-        self,
-        key: object,
-        units: Sequence[victims.Unit],
-        wanted: frozenset[tuple[shapes.Shape, int]],
-        queues: frozenset[model.QueueName],
-        room: freeing.Room,
-        start: int,
-    ) -> earliest.Earliest:
-        """The bounds of ``earliest`` for the list ``key`` (``units``), the units of ``queues`` and a minimum of
-        ``wanted`` shapes, kept for the rest of the cycle and brought up to date with its changes; ``start``: the
-        asking attempt's first live unit."""
-        positions = self.positions(key, units)
-        found = self._earliest.get((key, wanted, queues))
-        if found is None:
-            found = self._earliest[(key, wanted, queues)] = earliest.Earliest(
-                positions, room, self.searcher.capacity, self.draft.evicted, queues, start
-            )
-        else:
-            found.sync()
-        return found
-
-    def positions(self, key: object, units: Sequence[victims.Unit]) -> Positions:
-        """The victim list ``key`` (``units``) indexed by node and queue, built once per cycle."""
-        positions = self._positions.get(key)
-        if positions is None or positions.units is not units:
-            positions = self._positions[key] = earliest.Positions(units)
-        return positions
-
-    def window_free(self, listed: Listed, end: int, name: model.NodeName) -> freeing.Free:
-        """What the node would have free once every live candidate of ``listed`` before ``end`` with a pod on it left
-        (``freeing.free_after``): no pool of those candidates frees more. Kept per node while the node, the list's
-        start and ``end`` stay as they are (an eviction or placement there files the node under another look)."""
-        cap = self.searcher.capacity
-        work = cap.by_name[name]
-        look = cap.look_of[work.order]
-        known = self._window_free.get(name)
-        if (
-            known is not None
-            and known[0] is look
-            and known[1] == (work.free_pods, listed.key, listed.queues, listed.start, end)
-            and look is not None
-        ):
-            return known[2]
-        positions = self.positions(listed.key, listed.units).by_node.get(name, [])
-        units = listed.units
-        queues = listed.queues
-        evicted = self.draft.evicted
-        leaving = [
-            pod
-            for position in positions[bisect.bisect_left(positions, listed.start) : bisect.bisect_left(positions, end)]
-            if units[position].group.queue in queues
-            for pod in victims.live_pods(units[position], evicted)
-            if pod.node == name
-        ]
-        free = freeing.free_after(work, leaving)
-        self._window_free[name] = (look, (work.free_pods, listed.key, queues, listed.start, end), free)
-        return free
-
-    def kind(self, key: Hashable) -> int:
-        """A number for ``key``, the same for equal keys for the rest of the cycle (cheap to hash and compare)."""
-        return self._kind_numbers.setdefault(key, len(self._kind_numbers))
-
-    def failed_before(self, key: tuple[object, ...]) -> bool:
-        """Did an attempt with this key fail with no eviction made since (so it would fail again)?"""
-        return self._failures.get(key) == len(self.draft.evictions)
-
-    def note_failure(self, key: tuple[object, ...], shapes_key: tuple[object, ...]) -> None:
-        self._failures[key] = len(self.draft.evictions)
-        self._failed_shapes.add(shapes_key)
-
-    def shapes_failed(self, shapes_key: tuple[object, ...]) -> bool:
-        """Did an attempt of this action for these shapes fail earlier in the cycle, for any group?"""
-        return shapes_key in self._failed_shapes
-
-    def old_enough(self, unit: victims.Unit, min_runtime_ns: int) -> bool:
-        """The min-runtime check, noting that the answer depends on the time (and when it changes)."""
-        if min_runtime_ns <= 0:
-            return True
-        if victims.old_enough(unit, now_ns=self.snapshot.now_ns, min_runtime_ns=min_runtime_ns):
-            return True
-        self.wake_at(unit.youngest_started_ns + min_runtime_ns)
-        return False
-
-    def wake_at(self, moment_ns: int) -> None:
-        """A decision depended on the time and goes the other way at ``moment_ns``."""
-        self.clock_matters = True
-        self.wake_ns = moment_ns if self.wake_ns is None else min(self.wake_ns, moment_ns)
-
-    def shape(self, pod: model.Pod) -> shapes.Shape:
-        return self.pod_shapes.get(pod.uid) or shapes.shape_of(pod)
 
 
 def justification(
@@ -303,31 +163,6 @@ def _move_victims(scene: Scene, chosen: Sequence[victims.Unit], *, required: boo
         if not move(scene, unit.group, pods) and required:
             return False
     return True
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Listed:
-    """Where an action's candidates come from, so that the walk's first step can be found node by node
-    (``earliest``): the units of the cycle's victim list ``key`` from position ``start`` on whose queue is one of
-    ``queues``. Only for an action whose ``eligible`` leaves no trace on the scene (no min-runtime in play: the walk
-    asks it of every candidate it passes, the node-by-node search of fewer)."""
-
-    key: object
-    units: Sequence[victims.Unit]
-    start: int
-    queues: frozenset[model.QueueName]
-    alike: Callable[[victims.Unit], Hashable] | None = None
-    """Units with the same key get the same answer from ``eligible`` (and ``reasons``) while the draft stays as it is
-    (before the first eviction of an attempt): the node-by-node search asks once per key. None: once per unit."""
-    reasons: Callable[[victims.Unit], bool] | None = None
-    """Asks of a unit, as ``eligible`` would, only the checks that leave a reason with the action (for its status);
-    True when one did. For an attempt that finds no node ready, the walk's last such reason is then found from the
-    end of its window instead of asking ``eligible`` of every candidate; without it, every candidate is asked."""
-
-    def candidates(self) -> Iterator[victims.Unit]:
-        """The candidates, in victim order."""
-        queues = self.queues
-        return (unit for unit in itertools.islice(self.units, self.start, None) if unit.group.queue in queues)
 
 
 def make_room(

@@ -39,6 +39,7 @@ from scheduler.placement import (
     model,
     plan,
     roommaking,
+    roomscene,
     search,
     shapes,
     status,
@@ -339,7 +340,7 @@ def test_the_room_precheck_refuses_only_attempts_the_scan_would_fail_and_changes
         return answer
 
     with (
-        mock.patch.object(roommaking.Scene, "shapes_failed", lambda self, key: True),
+        mock.patch.object(roomscene.Scene, "shapes_failed", lambda self, key: True),
         mock.patch.object(roommaking._Search, "could_gain", checked_precheck),
     ):
         prechecked = engine.Engine().run(snapshot)
@@ -449,7 +450,7 @@ def test_a_walk_that_skips_the_nodes_its_window_cannot_make_ready_changes_no_dec
     hopeless = roommaking._Search._hopeless
     skipped: list[model.NodeName] = []
 
-    def counted(self: roommaking._Search, window: tuple[roommaking.Listed, int], name: model.NodeName) -> bool:
+    def counted(self: roommaking._Search, window: tuple[roomscene.Listed, int], name: model.NodeName) -> bool:
         found = hopeless(self, window, name)
         if found:
             skipped.append(name)
