@@ -118,8 +118,9 @@ class Earliest:
         self.ready: list[tuple[int, model.NodeName]] = []
         """(position, node) for each node found ready, ascending: every node whose bound is below ``frontier``."""
         self._at: dict[model.NodeName, int] = {}
-        self._leaving: dict[model.NodeName, dict[model.PodUid, model.Pod]] = {}
-        """Per node not ready yet, the live pods of the units before ``frontier`` on it."""
+        self._leaving: dict[model.NodeName, tuple[set[model.PodUid], freeing.Leaving]] = {}
+        """Per node not ready yet, the live pods of the units before ``frontier`` on it, and what it has free once
+        they are gone."""
         self.frontier = start
         """The units before this position have been looked at."""
         self._epoch = cap.changes_epoch
@@ -192,13 +193,17 @@ class Earliest:
 
     def _add(self, name: model.NodeName, position: int) -> bool:
         """The unit at ``position`` joins the node's leaving pods; True when the node is ready with it."""
-        leaving = self._leaving.setdefault(name, {})
+        entry = self._leaving.get(name)
+        if entry is None:
+            entry = self._leaving[name] = (set(), freeing.Leaving(self._capacity.by_name[name]))
+        seen, leaving = entry
         added = False
         for pod in victims.live_pods(self.positions.units[position], self._evicted):
-            if pod.node == name and pod.uid not in leaving:
-                leaving[pod.uid] = pod
+            if pod.node == name and pod.uid not in seen:
+                seen.add(pod.uid)
+                leaving.add(pod)
                 added = True
-        if not added or not self._room.gains(name, list(leaving.values())):
+        if not added or not self._room.gains_with(name, leaving.free):
             return False
         del self._leaving[name]
         self._at[name] = position

@@ -35,22 +35,44 @@ def free_after(work: nodework.NodeWork, leaving: Sequence[model.Pod]) -> Free:
     """The node's free room once ``leaving`` (pods on it) are gone. A device held whole becomes free when its pod
     leaves; a shared device gets its share back, and becomes free for a whole-GPU pod (its reservation pod going
     too) when the last share of its group leaves. GPU models and measured memory are left to the real placement."""
-    # One pass, and the devices' allotments copied only when a GPU pod leaves: room-making asks this of every
-    # candidate it pools.
-    cpu, memory, slots = work.free_cpu, work.free_mem, work.free_pods
-    room, whole = list(work.dev_free), list(work.dev_whole)
-    allotted: list[int] | None = None
-    healthy = work.dev_healthy
+    state = Leaving(work)
     for pod in leaving:
+        state.add(pod)
+    return state.free
+
+
+class Leaving:
+    """``free_after`` kept up to date as pods leave a node one by one (``add``), for a search that asks again after
+    each: the node itself must not change meanwhile."""
+
+    __slots__ = ("_allotted", "_work", "free")
+
+    def __init__(self, work: nodework.NodeWork) -> None:
+        self._work = work
+        self.free = Free(
+            cpu=work.free_cpu,
+            memory=work.free_mem,
+            slots=work.free_pods,
+            room=list(work.dev_free),
+            whole=list(work.dev_whole),
+        )
+        self._allotted: list[int] | None = None
+        """The devices' allotments as the pods so far left them, copied only once a GPU pod leaves."""
+
+    def add(self, pod: model.Pod) -> None:
+        """``pod`` (on the node) leaves too."""
+        free, work = self.free, self._work
         requests = pod.requests
-        cpu += requests.milli_cpu
-        memory += requests.memory_bytes
-        slots += requests.pods
+        free.cpu += requests.milli_cpu
+        free.memory += requests.memory_bytes
+        free.slots += requests.pods
+        room, whole = free.room, free.whole
         for device in pod.devices:
-            if device >= len(room) or not healthy[device]:
+            if device >= len(room) or not work.dev_healthy[device]:
                 continue
+            allotted = self._allotted
             if allotted is None:
-                allotted = list(work.dev_allotted)
+                allotted = self._allotted = list(work.dev_allotted)
             if pod.share is None:
                 allotted[device] = 0
                 room[device], whole[device] = devices.FULL, work.dev_group[device] is None
@@ -58,10 +80,9 @@ def free_after(work: nodework.NodeWork, leaving: Sequence[model.Pod]) -> Free:
             allotted[device] = max(0, allotted[device] - pod.allotted_milli_gpu)
             if allotted[device] == 0 and work.dev_group[device] is not None:
                 room[device], whole[device] = devices.FULL, True
-                slots += 1  # the group's reservation pod goes with its last share
+                free.slots += 1  # the group's reservation pod goes with its last share
             else:
                 room[device] = min(devices.FULL, room[device] + pod.allotted_milli_gpu)
-    return Free(cpu=cpu, memory=memory, slots=slots, room=room, whole=whole)
 
 
 def pods_that_fit(work: nodework.NodeWork, free: Free, shape: shapes.Shape, limit: int) -> int:
