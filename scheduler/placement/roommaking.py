@@ -182,7 +182,8 @@ def make_room(
     ``eligible`` is asked when a unit joins a pool and again before it is evicted (earlier evictions change queues'
     standing). ``budget`` caps the GPU (milli) evicted. With ``moves`` every evicted pod must be placed again.
     ``validate`` judges the draft once the minimum is placed. Candidates given as ``Listed`` let an attempt for one
-    pod find the walk's first step node by node (``earliest``), with the same outcome.
+    pod find the walk's first step node by node (``earliest``), with the same outcome, and let every walk pass the
+    nodes its window cannot make ready (``_Search._hopeless``).
     """
     wanted = frozenset(collections.Counter(scene.pod_shapes[pod.uid] for pod in minimum).items())
     # Consolidation does not depend on the group's queue; reclaim and preemption do (standing, priority).
@@ -400,7 +401,9 @@ class _Search:
             return False
         bounds = self.scene.earliest(listed.key, listed.units, self.wanted, listed.queues, self.room, listed.start)
         positions = bounds.positions
-        end = positions.window_end(listed.start, listed.queues, self.scanned)
+        window = self.window
+        assert window is not None  # set with ``listed``, from the same candidates: the window's end
+        end = window[1]
         found = self._first_ready(bounds, end)
         if found is None:
             self._leave_reasons(positions, end)
