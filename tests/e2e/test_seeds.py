@@ -74,11 +74,14 @@ def test_the_ai_ready_guide_vllm_deployments_share_one_gpu_group(world: tuple[Ku
     for path in harness.seeds("vllm-test-07.yaml", "vllm-test-02.yaml"):
         kubectl("apply", "-f", str(path))
 
-    def both_bound() -> bool:
+    def both_running() -> bool:
+        # The emulated kubelet starts a bound pod a moment later (``kubelet_delay``), as a real one does.
         current = harness.pods(kubectl, "ai-workloads")
-        return len(current) == 2 and all(harness.bound(pod) for pod in current.values())
+        return len(current) == 2 and all(
+            harness.bound(pod) and pod.get("status", {}).get("phase") == "Running" for pod in current.values()
+        )
 
-    polling.until_sync(both_bound, timeout_s=harness.STEP_TIMEOUT_S, what="both vLLM pods bound")
+    polling.until_sync(both_running, timeout_s=harness.STEP_TIMEOUT_S, what="both vLLM pods bound and Running")
     table = kubectl(
         "-n",
         "ai-workloads",
