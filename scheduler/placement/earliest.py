@@ -118,9 +118,9 @@ class Earliest:
         self.ready: list[tuple[int, model.NodeName]] = []
         """(position, node) for each node found ready, ascending: every node whose bound is below ``frontier``."""
         self._at: dict[model.NodeName, int] = {}
-        self._leaving: dict[model.NodeName, tuple[set[model.PodUid], freeing.Leaving]] = {}
-        """Per node not ready yet, the live pods of the units before ``frontier`` on it, and what it has free once
-        they are gone."""
+        self._leaving: dict[model.NodeName, freeing.Leaving] = {}
+        """Per node not ready yet, what it has free once the live pods of the units before ``frontier`` on it are
+        gone."""
         self.frontier = start
         """The units before this position have been looked at."""
         self._epoch = cap.changes_epoch
@@ -193,15 +193,12 @@ class Earliest:
 
     def _add(self, name: model.NodeName, position: int) -> bool:
         """The unit at ``position`` joins the node's leaving pods; True when the node is ready with it."""
-        entry = self._leaving.get(name)
-        if entry is None:
-            entry = self._leaving[name] = (set(), freeing.Leaving(self._capacity.by_name[name]))
-        seen, leaving = entry
+        leaving = self._leaving.get(name)
+        if leaving is None:
+            leaving = self._leaving[name] = freeing.Leaving(self._capacity.by_name[name])
         added = False
         for pod in victims.live_pods(self.positions.units[position], self._evicted):
-            if pod.node == name and pod.uid not in seen:
-                seen.add(pod.uid)
-                leaving.add(pod)
+            if pod.node == name and leaving.add(pod):
                 added = True
         if not added or not self._room.gains_with(name, leaving.free):
             return False

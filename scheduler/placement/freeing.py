@@ -43,9 +43,11 @@ def free_after(work: nodework.NodeWork, leaving: Sequence[model.Pod]) -> Free:
 
 class Leaving:
     """``free_after`` kept up to date as pods leave a node one by one (``add``), for a search that asks again after
-    each: the node itself must not change meanwhile."""
+    each: the node itself must not change meanwhile. A pod counts once, however often it is added: victim units
+    overlap (a gang's extras one by one, then together, then the whole gang), and a pod freeing its room twice
+    would make a node look ready that is not."""
 
-    __slots__ = ("_allotted", "_work", "free")
+    __slots__ = ("_allotted", "_gone", "_work", "free")
 
     def __init__(self, work: nodework.NodeWork) -> None:
         self._work = work
@@ -58,9 +60,14 @@ class Leaving:
         )
         self._allotted: list[int] | None = None
         """The devices' allotments as the pods so far left them, copied only once a GPU pod leaves."""
+        self._gone: set[model.PodUid] = set()
 
-    def add(self, pod: model.Pod) -> None:
-        """``pod`` (on the node) leaves too."""
+    def add(self, pod: model.Pod) -> bool:
+        """``pod`` (on the node) leaves too; False when it had already (nothing changes then)."""
+        gone = self._gone
+        if pod.uid in gone:
+            return False
+        gone.add(pod.uid)
         free, work = self.free, self._work
         requests = pod.requests
         free.cpu += requests.milli_cpu
@@ -83,6 +90,7 @@ class Leaving:
                 free.slots += 1  # the group's reservation pod goes with its last share
             else:
                 room[device] = min(devices.FULL, room[device] + pod.allotted_milli_gpu)
+        return True
 
 
 def pods_that_fit(work: nodework.NodeWork, free: Free, shape: shapes.Shape, limit: int) -> int:
@@ -188,8 +196,11 @@ class Room:
         work, short, now = self._short(name)
         if not short:
             return False
-        on_node = [pod for pod in pods if pod.node == name]
         leaving = [pod for pod in pooled if pod.node == name]
+        gone = {pod.uid for pod in leaving}
+        on_node = [
+            pod for pod in pods if pod.node == name and pod.uid not in gone
+        ]  # a pod pooled already frees nothing more
         free = free_after(work, leaving) if leaving else now
         for shape, needed, _ in short:
             target = pods_that_fit(work, free, shape, needed) + 1
