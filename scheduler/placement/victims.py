@@ -78,25 +78,27 @@ class UnitCache:
     about since the one before (gone, or no longer running), so it holds about what runs."""
 
     def __init__(self) -> None:
-        self._known: dict[model.GroupId, tuple[model.Group, tuple[Unit, ...], int]] = {}
+        self._known: dict[model.GroupId, tuple[model.Group, tuple[Unit, ...]]] = {}
+        self._asked: dict[model.GroupId, int] = {}
+        """The cycle that last asked about each group: a number apart, so that asking again allocates nothing the
+        garbage collector must walk (a busy cycle asks about every running group)."""
         self._cycle = 0
 
     def new_cycle(self) -> None:
         self._cycle += 1
-        known = self._known
-        if len(known) > 1024:
+        if len(self._known) > 1024:
             recent = self._cycle - 2
-            self._known = {key: entry for key, entry in known.items() if entry[2] >= recent}
+            self._asked = {key: cycle for key, cycle in self._asked.items() if cycle >= recent}
+            self._known = {key: self._known[key] for key in self._asked}
 
     def units(self, group: model.Group) -> tuple[Unit, ...]:
         """``units(group, ())``, from the cache while ``group`` is the object it was computed for."""
+        self._asked[group.id] = self._cycle
         known = self._known.get(group.id)
         if known is not None and known[0] is group:
-            if known[2] != self._cycle:
-                self._known[group.id] = (group, known[1], self._cycle)
             return known[1]
         found = tuple(units(group, ()))
-        self._known[group.id] = (group, found, self._cycle)
+        self._known[group.id] = (group, found)
         return found
 
 
