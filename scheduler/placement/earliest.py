@@ -28,6 +28,7 @@ import heapq
 import itertools
 from collections.abc import Collection, Iterator, Sequence
 
+from common.resources import Resources
 from scheduler.placement import capacity, freeing, model, victims
 
 _SWEEP = 64
@@ -54,6 +55,21 @@ class Positions:
         self.by_node = by_node
         """Per node, the positions of the units with a pod on it, ascending."""
         self.by_queue = by_queue
+        self._largest: dict[model.QueueName, Resources] = {}
+
+    def largest(self, queue: model.QueueName) -> Resources:
+        """The most of each resource one unit of ``queue`` in the list holds (each resource's own maximum; found
+        once per list): no unit of the queue, evictions or not, holds more of any."""
+        found = self._largest.get(queue)
+        if found is None:
+            amounts = [self.units[position].amounts for position in self.by_queue.get(queue, ())]
+            found = self._largest[queue] = Resources(
+                milli_cpu=max((held.milli_cpu for held in amounts), default=0),
+                memory_bytes=max((held.memory_bytes for held in amounts), default=0),
+                milli_gpu=max((held.milli_gpu for held in amounts), default=0),
+                pods=max((held.pods for held in amounts), default=0),
+            )
+        return found
 
     def backwards(self, queues: Collection[model.QueueName], start: int, end: int) -> Iterator[int]:
         """The positions of the units of ``queues`` from ``end`` (excluded) back to ``start``, descending."""

@@ -89,6 +89,11 @@ def reclaim(scene: roomscene.Scene, group: model.Group, pods: Sequence[model.Pod
             and not rules.keeps_floor(unit, scene.draft.evicted)
         )
 
+    def quiet(queue: model.QueueName, most: Resources) -> bool:
+        # ``floor_refused`` of every unit of the queue holding no more than ``most`` is False (taking less of each
+        # resource breaks no floor that taking more keeps).
+        return queues.get(queue) is None or not rules.gives(queue) or not rules.breaks_floor(queue, most)
+
     kinds = scene.kinds
 
     def alike(unit: victims.Unit) -> Hashable:
@@ -108,7 +113,13 @@ def reclaim(scene: roomscene.Scene, group: model.Group, pods: Sequence[model.Pod
 
     units, start = scene.listed("all", lambda: _all_groups(scene))
     candidates = roomscene.Listed(
-        key="all", units=units, start=start, queues=frozenset(givers), alike=alike, reasons=floor_refused
+        key="all",
+        units=units,
+        start=start,
+        queues=frozenset(givers),
+        alike=alike,
+        reasons=floor_refused,
+        quiet=quiet,
     )
     # A min-runtime makes ``eligible`` note when a victim comes of age: only the walk asks it of every candidate.
     timed = any(queue.reclaim_min_runtime_ns > 0 for name in givers if (queue := queues.get(name)) is not None)

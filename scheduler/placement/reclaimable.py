@@ -139,7 +139,10 @@ class Reclaimer:
 
     def eligible(self, unit: victims.Unit) -> bool:
         """May the unit's queue give now (``may_give``, kept per queue while the draft stays as it is)?"""
-        leaf = unit.group.queue
+        return self.gives(unit.group.queue)
+
+    def gives(self, leaf: model.QueueName) -> bool:
+        """``may_give``, kept per queue while the draft stays as it is."""
         self._forget_if_changed()
         gives = self._gives.get(leaf)
         if gives is None:
@@ -161,17 +164,25 @@ class Reclaimer:
         fails this check can only be part of a valid reclaim if it is moved: ``validate`` would refuse any plan that
         evicts it. Asking first saves every attempt built on such a victim. The answer depends on the victim's queue
         and what it would lose alone, so it is kept per both while the draft stays as it is."""
-        amounts = victims.live_amounts(unit, evicted)
-        key = (unit.group.queue, amounts)
-        self._forget_if_changed()
-        floors = self._floors
-        if key in floors:
-            known = floors[key]
-        else:
-            known = floors[key] = self._floor_refusal(unit.group.queue, amounts)
+        known = self._floor(unit.group.queue, victims.live_amounts(unit, evicted))
         if known is not None:
             self.refusal = known
         return known is None
+
+    def breaks_floor(self, leaf: model.QueueName, amounts: Resources) -> bool:
+        """Would taking ``amounts`` from ``leaf`` (and not moving them) break a floor on its side? As
+        ``keeps_floor`` judges it, but keeping no refusal: a question about what some unit could hold. A unit that
+        holds no more of any resource breaks none if this does not (taking less leaves more)."""
+        return self._floor(leaf, amounts) is not None
+
+    def _floor(self, leaf: model.QueueName, amounts: Resources) -> str | None:
+        key = (leaf, amounts)
+        self._forget_if_changed()
+        floors = self._floors
+        if key in floors:
+            return floors[key]
+        found = floors[key] = self._floor_refusal(leaf, amounts)
+        return found
 
     def _floor_refusal(self, leaf: model.QueueName, amounts: Resources) -> str | None:
         """Why taking ``amounts`` from ``leaf`` would break a floor on its side (None: it would not)."""

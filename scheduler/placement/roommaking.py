@@ -50,7 +50,7 @@ from __future__ import annotations
 import bisect
 import collections
 import functools
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Sequence
 
 from scheduler.placement import (
     decisions,
@@ -439,8 +439,13 @@ class _Search:
         alike = listed.alike
         silent: set[Hashable] = set()
         """The kinds of unit found to leave no reason (``reasons`` reads no more than ``alike`` does)."""
+        queues: Collection[model.QueueName] = listed.queues
+        quiet = listed.quiet
+        if quiet is not None:
+            # A queue none of whose units could leave a reason, the largest included, is passed unread.
+            queues = [queue for queue in queues if not quiet(queue, positions.largest(queue))]
         # The window's candidates from its end back: only the positions of the action's queues (most are not).
-        for position in positions.backwards(listed.queues, listed.start, end):
+        for position in positions.backwards(queues, listed.start, end):
             unit = units[position]
             key = alike(unit) if alike is not None else None
             if key is not None and key in silent:

@@ -22,6 +22,7 @@ action; sometimes a queue that held work in the first wave is deleted before the
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from unittest import mock
 
 from hypothesis import HealthCheck, event, given, settings
@@ -32,6 +33,7 @@ from scheduler.placement import (
     applying,
     capacity,
     decisions,
+    earliest,
     engine,
     evictions,
     fairshare,
@@ -44,6 +46,7 @@ from scheduler.placement import (
     shapes,
     status,
     subgroups,
+    victims,
 )
 from tests.unit.placement import builders
 
@@ -463,3 +466,64 @@ def test_a_walk_that_skips_the_nodes_its_window_cannot_make_ready_changes_no_dec
     event("a walk skipped a node" if skipped else "no node skipped")
     assert builders.decisions(skipping) == builders.decisions(pooling)
     assert skipping.statuses == pooling.statuses
+
+
+@_SETTINGS
+@given(st.one_of(_case(), _reclaim_case()))
+def test_passing_the_queues_that_could_leave_no_reason_changes_no_status(
+    case: tuple[model.Snapshot, list[model.Group], bool],
+) -> None:
+    """A reclaim that finds no node ready leaves the walk's last reason; the search for it passes the queues whose
+    largest unit would break no floor (``Listed.quiet``). Each search finds the unit one reading every queue's units
+    finds, and the cycle decides and explains itself as one without ``quiet``."""
+    snapshot, _ = _second_cycle(case)
+    leave = roommaking._Search._leave_reasons
+    found: list[tuple[victims.Unit | None, victims.Unit | None]] = []
+
+    def last_reason(
+        search: roommaking._Search, listed: roomscene.Listed, positions: earliest.Positions, end: int
+    ) -> victims.Unit | None:
+        given: list[victims.Unit] = []
+        reasons = listed.reasons
+        assert reasons is not None
+
+        def recording(unit: victims.Unit) -> bool:
+            answer = reasons(unit)
+            if answer:
+                given.append(unit)
+            return answer
+
+        search.listed = dataclasses.replace(listed, reasons=recording)
+        try:
+            leave(search, positions, end)
+        finally:
+            search.listed = listed
+        return given[-1] if given else None
+
+    def compared(self: roommaking._Search, positions: earliest.Positions, end: int) -> None:
+        listed = self.listed
+        if listed is not None and listed.reasons is not None:
+            quiet = last_reason(self, listed, positions, end)
+            reading = last_reason(self, dataclasses.replace(listed, quiet=None), positions, end)
+            found.append((quiet, reading))
+        leave(self, positions, end)  # last: the reason it leaves stays
+
+    with mock.patch.object(roommaking._Search, "_leave_reasons", compared):
+        passing = engine.Engine().run(snapshot)
+    with mock.patch.object(roomscene.Listed, "__init__", _without_quiet(roomscene.Listed.__init__)):
+        reading = engine.Engine().run(snapshot)
+    event("a search found a reason" if any(pair[1] is not None for pair in found) else "no search found a reason")
+    for quiet, every in found:
+        assert quiet is every, "passing quiet queues found another last reason"
+    assert builders.decisions(passing) == builders.decisions(reading)
+    assert passing.statuses == reading.statuses
+
+
+def _without_quiet(init: Callable[..., None]) -> Callable[..., None]:
+    """``Listed``'s constructor, every ``quiet`` given dropped."""
+
+    def replaced(self: roomscene.Listed, *args: object, **kwargs: object) -> None:
+        kwargs["quiet"] = None
+        init(self, *args, **kwargs)
+
+    return replaced
