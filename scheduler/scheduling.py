@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from common import logs, quantities
-from scheduler import containment
+from scheduler import containment, gcpolicy
 from scheduler.dispatch import Dispatcher
 from scheduler.metrics import SchedulerMetrics
 from scheduler.placement import engine, model, plan
@@ -146,7 +146,8 @@ class Cycles:
     def _plan(self, admitted: model.Snapshot) -> plan.Plan | None:
         """The engine's plan; when it fails, the plan without the groups it fails with (they get a strike)."""
         try:
-            result = self._engine.run(admitted)
+            with gcpolicy.cycle():
+                result = self._engine.run(admitted)
         except Exception as exc:
             self._engine = self._make_engine()  # its caches may be half-updated: start clean
             self._metrics.internal_error("engine")
@@ -159,7 +160,8 @@ class Cycles:
                 admitted, groups={key: group for key, group in admitted.groups.items() if key not in set(culprits)}
             )
             try:
-                result = self._engine.run(without)
+                with gcpolicy.cycle():
+                    result = self._engine.run(without)
             except Exception as again:
                 self._engine = self._make_engine()
                 self._log_failure(again, (), quarantined=0)
