@@ -169,7 +169,11 @@ def consolidate(scene: roomscene.Scene, group: model.Group, pods: Sequence[model
     units, start = scene.listed("all", lambda: _all_groups(scene))
     # As a list of every queue's units: the walk then skips the nodes its window cannot make ready (``roommaking``).
     candidates = roomscene.Listed(
-        key="all", units=units, start=start, queues=frozenset(scene.positions("all", units).by_queue)
+        key="all",
+        units=units,
+        start=start,
+        queues=frozenset(scene.positions("all", units).by_queue),
+        every_queue=True,
     )
     done = roommaking.make_room(
         scene,

@@ -112,6 +112,11 @@ def total(pods: Sequence[model.Pod], reference_memory_bytes: int) -> Resources:
     return Resources(milli_gpu=gpu, milli_cpu=cpu, memory_bytes=memory)
 
 
+def _no_limit(queue: model.Queue) -> bool:
+    unlimited = model.UNLIMITED
+    return queue.gpu.limit == unlimited and queue.cpu.limit == unlimited and queue.memory.limit == unlimited
+
+
 def queue_check(
     *,
     group: model.Group,
@@ -121,8 +126,11 @@ def queue_check(
     usage: plan.Usage,
 ) -> status.Status | None:
     """The limit and non-preemptible quota checks of ``amounts`` more for the group's queue and its ancestors."""
+    preemptible = group.preemptible
     for name in chain:
         queue = queues[name]
+        if preemptible and _no_limit(queue):
+            continue  # nothing to check there (asked for every group a cycle tries: most queues set no limit)
         for kind in fairshare.KINDS:
             want = fairshare.amount(amounts, kind)
             if want <= 0:
@@ -137,7 +145,7 @@ def queue_check(
                     f"{status.amount_text(kind, want)} more requested",
                     status.setting_detail(status.Remedy.RAISE_LIMIT, name, kind, setting.limit, allocated + want, want),
                 )
-            if not group.preemptible and setting.quota != model.UNLIMITED:
+            if not preemptible and setting.quota != model.UNLIMITED:
                 fixed = fairshare.amount(usage.nonpreemptible[name], kind)
                 if fixed + want > setting.quota:
                     return status.unschedulable(

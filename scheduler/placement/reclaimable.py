@@ -58,6 +58,9 @@ class Reclaimer:
         self._amounts = amounts
         self._mine = tree.ancestors(group.queue)
         self._asked = tuple(kind for kind in KINDS if fairshare.amount(amounts, kind) > 0)
+        self._asked_gpu = amounts.milli_gpu > 0
+        self._asked_cpu = amounts.milli_cpu > 0
+        self._asked_memory = amounts.memory_bytes > 0
         self._before = dict(usage.allocated)
         self._sides: dict[model.QueueName, tuple[model.QueueName, model.QueueName] | None] = {}
         self._version = version
@@ -101,18 +104,23 @@ class Reclaimer:
         self._sides[leaf] = found
         return found
 
-    def _over(self, name: model.QueueName, bound: Resources) -> fairshare.Kind | None:
+    def _over(self, name: model.QueueName, bound: Resources) -> bool:
+        """Does the queue hold more than ``bound`` of a resource the reclaimer asks for?"""
         held = self._usage.allocated[name]
-        return next(
-            (kind for kind in self._asked if fairshare.amount(held, kind) > fairshare.amount(bound, kind)), None
+        return (
+            (self._asked_gpu and held.milli_gpu > bound.milli_gpu)
+            or (self._asked_cpu and held.milli_cpu > bound.milli_cpu)
+            or (self._asked_memory and held.memory_bytes > bound.memory_bytes)
         )
 
     def _within_deserved(self, name: model.QueueName) -> bool:
         held = self._usage.allocated[name]
         deserved = self._shares[name].deserved
-        return all(
-            fairshare.amount(held, kind) + fairshare.amount(self._amounts, kind) <= fairshare.amount(deserved, kind)
-            for kind in KINDS
+        wants = self._amounts
+        return (
+            held.milli_gpu + wants.milli_gpu <= deserved.milli_gpu
+            and held.milli_cpu + wants.milli_cpu <= deserved.milli_cpu
+            and held.memory_bytes + wants.memory_bytes <= deserved.memory_bytes
         )
 
     def may_give(self, leaf: model.QueueName) -> bool:
@@ -122,9 +130,9 @@ class Reclaimer:
             return False
         mine_side, victim_side = sides
         share = self._shares[victim_side]
-        if self._over(victim_side, share.fair) is not None:
+        if self._over(victim_side, share.fair):
             return True
-        return self._within_deserved(mine_side) and self._over(victim_side, share.deserved) is not None
+        return self._within_deserved(mine_side) and self._over(victim_side, share.deserved)
 
     def givers(self, leaves: Sequence[model.QueueName]) -> set[model.QueueName]:
         """The leaves that may give something now; when none, ``refusal`` says why."""

@@ -185,6 +185,8 @@ class Listed:
     """Asks of a unit, as ``eligible`` would, only the checks that leave a reason with the action (for its status);
     True when one did. For an attempt that finds no node ready, the walk's last such reason is then found from the
     end of its window instead of asking ``eligible`` of every candidate; without it, every candidate is asked."""
+    every_queue: bool = False
+    """``queues`` holds the queue of every unit of the list (consolidation's candidates): none is passed."""
     quiet: Callable[[model.QueueName, Resources], bool] | None = None
     """With ``reasons``: True when no unit of the queue that holds at most the given amounts (each resource's own
     maximum) would leave a reason now, so that the search for the last reason passes the queue's units unread."""
