@@ -197,10 +197,9 @@ class Room:
         if not short:
             return False
         leaving = [pod for pod in pooled if pod.node == name]
+        # A pod the pool holds already frees nothing more.
         gone = {pod.uid for pod in leaving}
-        on_node = [
-            pod for pod in pods if pod.node == name and pod.uid not in gone
-        ]  # a pod pooled already frees nothing more
+        on_node = [pod for pod in pods if pod.node == name and pod.uid not in gone]
         free = free_after(work, leaving) if leaving else now
         for shape, needed, _ in short:
             target = pods_that_fit(work, free, shape, needed) + 1
