@@ -78,11 +78,7 @@ class VictimLists:
         a pod not evicted: ``live`` is the list from there."""
         found = self._sorted.get(key)
         if found is None:
-            found = sorted(
-                (unit for group in groups() if group.preemptible for unit in self._units.units(group)),
-                key=lambda unit: unit.order_key,
-            )
-            self._sorted[key] = found
+            found = self._sorted[key] = self._units.ordered(key, groups())
         return found, self._first_live(key, found)
 
     def _first_live(self, key: object, units: Sequence[victims.Unit]) -> int:

@@ -21,7 +21,8 @@ Min-runtimes protect young pods: a pod that has run less than its queue's ``recl
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Container, Sequence
+import operator
+from collections.abc import Container, Hashable, Iterable, Sequence
 
 from common.resources import Resources
 from scheduler.placement import model, plan, subgroups
@@ -69,13 +70,17 @@ def _order_key(
     return (group.priority, len(pods), task, amounts.milli_gpu, -youngest_started_ns, group.id, pods[0].uid)
 
 
+_ORDER = operator.attrgetter("order_key")
+
+
 class UnitCache:
     """Each running group's eviction units before any eviction (``units(group, ())``), kept from cycle to cycle while
     the group's object stays the same: a full cluster's room-making sorts the units of thousands of running groups
     every cycle, and few of them changed since the last.
 
     The engine keeps one for its life; a cycle calls ``new_cycle`` first, which forgets the groups no cycle asked
-    about since the one before (gone, or no longer running), so it holds about what runs."""
+    about since the one before (gone, or no longer running), so it holds about what runs. It also keeps the actions'
+    victim lists in order (``ordered``), so that a cycle sorts only the units of the groups that changed."""
 
     def __init__(self) -> None:
         self._known: dict[model.GroupId, tuple[model.Group, tuple[Unit, ...]]] = {}
@@ -83,9 +88,15 @@ class UnitCache:
         """The cycle that last asked about each group: a number apart, so that asking again allocates nothing the
         garbage collector must walk (a busy cycle asks about every running group)."""
         self._cycle = 0
+        self._lists: dict[Hashable, tuple[dict[model.GroupId, model.Group], list[Unit], int]] = {}
+        """Per list (``ordered``'s key), the groups it was made of, their units in victim order, and the cycle that
+        asked for it last (a list no cycle asked for since the one before is forgotten)."""
 
     def new_cycle(self) -> None:
         self._cycle += 1
+        recent = self._cycle - 2
+        if any(entry[2] < recent for entry in self._lists.values()):
+            self._lists = {key: entry for key, entry in self._lists.items() if entry[2] >= recent}
         if len(self._known) > 1024:
             recent = self._cycle - 2
             self._asked = {key: cycle for key, cycle in self._asked.items() if cycle >= recent}
@@ -99,6 +110,29 @@ class UnitCache:
             return known[1]
         found = tuple(units(group, ()))
         self._known[group.id] = (group, found)
+        return found
+
+    def ordered(self, key: Hashable, groups: Iterable[model.Group]) -> list[Unit]:
+        """The units of the preemptible ``groups`` in victim order, kept per ``key`` (an action's list) from cycle to
+        cycle: a busy cycle's list holds some 30,000 units of which a few thousand changed, so the units of the groups
+        that are the same objects as last time keep their place and only the others' are sorted in. The order is
+        total (``order_key`` ends with the group id and the first pod's uid), so this is the list a full sort gives."""
+        cycle = self._cycle
+        asked = self._asked
+        now: dict[model.GroupId, model.Group] = {}
+        for group in groups:
+            if group.preemptible:
+                now[group.id] = group
+                asked[group.id] = cycle
+        known = self._lists.get(key)
+        if known is None:
+            found = [unit for group in now.values() for unit in self.units(group)]
+        else:
+            before, previous, _ = known
+            found = [unit for unit in previous if now.get(unit.group.id) is unit.group]
+            found += [unit for gid, group in now.items() if before.get(gid) is not group for unit in self.units(group)]
+        found.sort(key=_ORDER)  # two sorted runs where the list was kept: merged in one pass
+        self._lists[key] = (now, found, cycle)
         return found
 
 

@@ -4,6 +4,7 @@ kept while the group is the same object, and forgotten once no cycle asks about 
 from __future__ import annotations
 
 import dataclasses
+import random
 
 from scheduler.placement import model, victims
 from tests.unit.placement import builders
@@ -49,3 +50,46 @@ def test_a_group_no_cycle_asks_about_is_forgotten_and_one_asked_about_every_cycl
         found = cache.units(group)
         assert found == first[group.id]
         assert found is not first[group.id]  # computed again: it had been forgotten
+
+
+def test_the_ordered_list_kept_from_cycle_to_cycle_is_the_list_a_full_sort_gives() -> None:
+    """Groups come, go, and change (a new object: another priority, fewer pods) from cycle to cycle; the kept list
+    always equals the units of the cycle's preemptible groups sorted afresh."""
+    rng = random.Random(7)
+    cache = victims.UnitCache()
+    groups: dict[str, model.Group] = {}
+    serial = 0
+    for _ in range(12):
+        cache.new_cycle()
+        for gid in rng.sample(sorted(groups), k=min(len(groups), rng.randint(0, 4))):
+            del groups[gid]
+        for gid in rng.sample(sorted(groups), k=min(len(groups), rng.randint(0, 4))):
+            group = groups[gid]
+            groups[gid] = dataclasses.replace(group, priority=rng.choice([50, 60, 125]), members=group.members[:1])
+        for _ in range(rng.randint(1, 6)):
+            serial += 1
+            group = _running(f"g{serial:03d}", pods=rng.randint(1, 3))
+            groups[group.id] = dataclasses.replace(group, priority=rng.choice([50, 60, 125]))
+        running = list(groups.values())
+        rng.shuffle(running)
+        found = cache.ordered("all", running)
+        fresh = sorted(
+            (unit for group in running if group.preemptible for unit in victims.units(group, ())),
+            key=lambda unit: unit.order_key,
+        )
+        assert [(unit.group.id, [pod.uid for pod in unit.pods]) for unit in found] == [
+            (unit.group.id, [pod.uid for pod in unit.pods]) for unit in fresh
+        ]
+        assert all(unit.group is groups[unit.group.id] for unit in found)
+
+
+def test_a_list_no_cycle_asks_for_is_forgotten() -> None:
+    cache = victims.UnitCache()
+    cache.new_cycle()
+    group = _running("g")
+    first = cache.ordered(("queue", "q"), [group])
+    cache.new_cycle()
+    assert cache.ordered(("queue", "q"), [group]) == first
+    for _ in range(3):
+        cache.new_cycle()
+    assert ("queue", "q") not in cache._lists
