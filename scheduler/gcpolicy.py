@@ -19,7 +19,7 @@ what it keeps remains (30,000 to 110,000 objects in a busy cycle: the plan, the 
 cycle runs without the collector and, at its end, makes the collection that is due: the young generation once it
 holds ``YOUNG_AT_CYCLE_END`` objects, and the older ones when their turn comes by the thresholds' counts, as CPython
 would choose them (without CPython's extra condition on a full collection, which it does not expose: a full
-collection runs after ``THRESHOLDS[1] * THRESHOLDS[2]`` young ones). The collection belongs to the cycle: it is
+collection runs after about ``THRESHOLDS[1] * THRESHOLDS[2]`` young ones). The collection belongs to the cycle: it is
 timed with it, in the scheduler's cycle histogram and in ``bench engine``. Cyclic garbage made during a cycle (an
 exception's traceback) waits for its end.
 """
