@@ -94,6 +94,39 @@ def test_a_first_step_that_finds_no_node_ready_leaves_the_reason_the_walk_leaves
     assert stepped.statuses == walked.statuses
 
 
+def test_the_last_reason_comes_from_a_node_no_pool_could_make_ready() -> None:
+    """Two full 2-GPU nodes: ``q0``'s pod on ``n0``, ``q3``'s (older, so later in victim order) on ``n1``, whose memory
+    could never hold the pending pod. Only ``n0`` has a bound, so the node-by-node step asks about ``q0``'s pod alone;
+    the walk's last reason is ``q3``'s, found among the window's units (``q3``'s queue is not quiet: its largest unit
+    breaks its floor)."""
+    one = model.QueueResource(quota=1000, limit=model.UNLIMITED, over_quota_weight=1)
+    parent = model.QueueName("d")
+    queues = [model.Queue(name=parent)] + [
+        model.Queue(name=model.QueueName(name), parent=parent, gpu=one, created_ns=index)
+        for index, name in enumerate(("q0", "q1", "q3"))
+    ]
+    nodes = [
+        builders.node("n0", gpus=2, labels={"zone": "a"}),
+        builders.node("n1", gpus=2, memory=4 * builders.GIB, labels={"zone": "b"}),
+    ]
+    snapshot = model.snapshot(nodes=nodes, queues=queues, groups=[], now_ns=NS)
+    for index, (queue, zone) in enumerate((("q3", "b"), ("q0", "a"))):
+        pod = dataclasses.replace(builders.pod(f"{queue}-pod", gpus=2), node_selector=(("zone", zone),))
+        group = builders.group(f"{queue}-pod", pod, queue=queue, created=index)
+        snapshot = dataclasses.replace(snapshot, groups={**snapshot.groups, group.id: group})
+        snapshot = applying.apply(snapshot, engine.Engine().run(snapshot), now_ns=(index + 2) * NS)
+    assert {pod.node for group in snapshot.groups.values() for pod in group.members} == {"n0", "n1"}
+    pending = builders.group("q1-pod", builders.pod("q1-pod", gpus=1, memory=8 * builders.GIB), queue="q1", created=10)
+    snapshot = dataclasses.replace(snapshot, groups={**snapshot.groups, pending.id: pending}, now_ns=10 * NS)
+    stepped = engine.Engine().run(snapshot)
+    with mock.patch.object(roommaking._Search, "_first_step", lambda self: False):
+        walked = engine.Engine().run(snapshot)
+    assert not stepped.evictions and not stepped.nominations
+    waiting = stepped.statuses[model.GroupId("q1-pod")]
+    assert "it would take queue q3 to 0 GPU, below its deserved quota of 1 GPU" in waiting.message, waiting.message
+    assert stepped.statuses == walked.statuses
+
+
 def _three_full_nodes() -> tuple[plan.Draft, freeing.Room, list[victims.Unit]]:
     """Three one-GPU nodes, each held by a one-GPU pod of queue ``a``: a draft over them, the room a one-GPU pod
     needs, and the pods' units in victim order."""
