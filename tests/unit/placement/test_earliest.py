@@ -63,35 +63,43 @@ def test_a_window_read_backwards_gives_its_queues_positions_from_its_end_to_its_
     assert list(positions.backwards([a, c], 4, 4)) == []
 
 
-def _floors_refuse_every_victim() -> model.Snapshot:
-    """A full 4-GPU node: a 2-GPU pod of queue ``q3`` (placed first), then one of ``q0``; both queues hold more than
-    their fair share (1.5 GPUs) but taking either pod would leave its queue below its deserved quota (1 GPU), and
-    neither can move. A one-GPU pod of ``q1`` then asks for room: every victim is refused, each for its own queue."""
+def _floored_cluster(nodes: list[model.Node], running: list[model.Pod], pending: model.Pod) -> model.Snapshot:
+    """Queues ``q0``, ``q1``, ``q3`` under ``d``, each deserving 1 GPU; ``running`` (2-GPU pods named after their
+    queue, ``q3``'s first, so older) placed one cycle each; then ``pending`` of ``q1`` asking for room. Both running
+    queues hold more than their fair share (1.5 GPUs), but taking either pod would leave its queue below its deserved
+    quota, and neither can move: every victim is refused, each for its own queue."""
     one = model.QueueResource(quota=1000, limit=model.UNLIMITED, over_quota_weight=1)
     parent = model.QueueName("d")
     queues = [model.Queue(name=parent)] + [
         model.Queue(name=model.QueueName(name), parent=parent, gpu=one, created_ns=index)
         for index, name in enumerate(("q0", "q1", "q3"))
     ]
-    snapshot = model.snapshot(nodes=[builders.node("n0", gpus=4)], queues=queues, groups=[], now_ns=NS)
-    for index, queue in enumerate(("q3", "q0")):
-        group = builders.group(f"{queue}-pod", builders.pod(f"{queue}-pod", gpus=2), queue=queue, created=index)
+    snapshot = model.snapshot(nodes=nodes, queues=queues, groups=[], now_ns=NS)
+    for index, pod in enumerate(running):
+        group = builders.group(pod.uid, pod, queue=pod.uid.removesuffix("-pod"), created=index)
         snapshot = dataclasses.replace(snapshot, groups={**snapshot.groups, group.id: group})
         snapshot = applying.apply(snapshot, engine.Engine().run(snapshot), now_ns=(index + 2) * NS)
-    pending = builders.group("q1-pod", builders.pod("q1-pod", gpus=1), queue="q1", created=10)
-    return dataclasses.replace(snapshot, groups={**snapshot.groups, pending.id: pending}, now_ns=10 * NS)
+    waiting = builders.group(pending.uid, pending, queue="q1", created=10)
+    return dataclasses.replace(snapshot, groups={**snapshot.groups, waiting.id: waiting}, now_ns=10 * NS)
 
 
-def test_a_first_step_that_finds_no_node_ready_leaves_the_reason_the_walk_leaves_last() -> None:
-    snapshot = _floors_refuse_every_victim()
+def _assert_q3s_floor_is_the_last_reason(snapshot: model.Snapshot) -> None:
+    """Nothing is evicted for ``q1-pod``; its status gives ``q3``'s floor, as the walk does without the first step."""
     stepped = engine.Engine().run(snapshot)
     with mock.patch.object(roommaking._Search, "_first_step", lambda self: False):
         walked = engine.Engine().run(snapshot)
     assert not stepped.evictions and not stepped.nominations
     waiting = stepped.statuses[model.GroupId("q1-pod")]
-    # Victim order takes the younger pod (q0's) first: the walk's last reason is q3's.
     assert "it would take queue q3 to 0 GPU, below its deserved quota of 1 GPU" in waiting.message, waiting.message
     assert stepped.statuses == walked.statuses
+
+
+def test_a_first_step_that_finds_no_node_ready_leaves_the_reason_the_walk_leaves_last() -> None:
+    """One full 4-GPU node holding both pods. Victim order takes the younger pod (``q0``'s) first: the walk's last
+    reason is ``q3``'s."""
+    running = [builders.pod("q3-pod", gpus=2), builders.pod("q0-pod", gpus=2)]
+    snapshot = _floored_cluster([builders.node("n0", gpus=4)], running, builders.pod("q1-pod", gpus=1))
+    _assert_q3s_floor_is_the_last_reason(snapshot)
 
 
 def test_the_last_reason_comes_from_a_node_no_pool_could_make_ready() -> None:
@@ -99,32 +107,17 @@ def test_the_last_reason_comes_from_a_node_no_pool_could_make_ready() -> None:
     could never hold the pending pod. Only ``n0`` has a bound, so the node-by-node step asks about ``q0``'s pod alone;
     the walk's last reason is ``q3``'s, found among the window's units (``q3``'s queue is not quiet: its largest unit
     breaks its floor)."""
-    one = model.QueueResource(quota=1000, limit=model.UNLIMITED, over_quota_weight=1)
-    parent = model.QueueName("d")
-    queues = [model.Queue(name=parent)] + [
-        model.Queue(name=model.QueueName(name), parent=parent, gpu=one, created_ns=index)
-        for index, name in enumerate(("q0", "q1", "q3"))
-    ]
     nodes = [
         builders.node("n0", gpus=2, labels={"zone": "a"}),
         builders.node("n1", gpus=2, memory=4 * builders.GIB, labels={"zone": "b"}),
     ]
-    snapshot = model.snapshot(nodes=nodes, queues=queues, groups=[], now_ns=NS)
-    for index, (queue, zone) in enumerate((("q3", "b"), ("q0", "a"))):
-        pod = dataclasses.replace(builders.pod(f"{queue}-pod", gpus=2), node_selector=(("zone", zone),))
-        group = builders.group(f"{queue}-pod", pod, queue=queue, created=index)
-        snapshot = dataclasses.replace(snapshot, groups={**snapshot.groups, group.id: group})
-        snapshot = applying.apply(snapshot, engine.Engine().run(snapshot), now_ns=(index + 2) * NS)
-    assert {pod.node for group in snapshot.groups.values() for pod in group.members} == {"n0", "n1"}
-    pending = builders.group("q1-pod", builders.pod("q1-pod", gpus=1, memory=8 * builders.GIB), queue="q1", created=10)
-    snapshot = dataclasses.replace(snapshot, groups={**snapshot.groups, pending.id: pending}, now_ns=10 * NS)
-    stepped = engine.Engine().run(snapshot)
-    with mock.patch.object(roommaking._Search, "_first_step", lambda self: False):
-        walked = engine.Engine().run(snapshot)
-    assert not stepped.evictions and not stepped.nominations
-    waiting = stepped.statuses[model.GroupId("q1-pod")]
-    assert "it would take queue q3 to 0 GPU, below its deserved quota of 1 GPU" in waiting.message, waiting.message
-    assert stepped.statuses == walked.statuses
+    running = [
+        dataclasses.replace(builders.pod(f"{queue}-pod", gpus=2), node_selector=(("zone", zone),))
+        for queue, zone in (("q3", "b"), ("q0", "a"))
+    ]
+    snapshot = _floored_cluster(nodes, running, builders.pod("q1-pod", gpus=1, memory=8 * builders.GIB))
+    assert {pod.node for group in snapshot.groups.values() for pod in group.members} == {"n0", "n1", None}
+    _assert_q3s_floor_is_the_last_reason(snapshot)
 
 
 def _three_full_nodes() -> tuple[plan.Draft, freeing.Room, list[victims.Unit]]:
