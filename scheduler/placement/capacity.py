@@ -142,7 +142,8 @@ class Capacity:
         self.generation = 0
         """Bumped when the log starts afresh (nodes rebuilt, or the log grew long): older positions mean nothing."""
         self.look_log: list[Look] = []
-        """Every look that came to have nodes (new, or back from idle), in order: what ``lookrank`` heaps read."""
+        """Every look that came to have nodes (new, or back from idle) or whose first node came earlier (a node
+        before its others joined it), in order: what ``lookrank`` heaps read."""
         self.look_generation = 0
         """Bumped when ``look_log`` starts afresh (nodes rebuilt, or the log grew long)."""
         self._noted_depth = -1
@@ -276,16 +277,21 @@ class Capacity:
                 )
         key = _look_key(work)
         look = index.looks.get(key)
+        members: list[int] | None = None
         if look is None:
             look = index.idle.pop(key, None) or Look(work, key)
             index.looks[key] = look
+        else:
+            members = look.members
+        bisect.insort(look.members, work.order)
+        self.look_of[work.order] = look
+        if members is None or members[0] == work.order:
+            # A look with nodes again, or one whose first node comes earlier: a ranking keyed by it reads it again.
             log = self.look_log
             if len(log) >= _LOOK_LOG_LIMIT:
                 self.look_generation += 1
                 self.look_log = log = []
             log.append(look)
-        bisect.insort(look.members, work.order)
-        self.look_of[work.order] = look
 
     def _unindex(self, work: nodework.NodeWork) -> None:
         index = self.classes[work.cls]

@@ -6,18 +6,24 @@ on a 5,000-node cluster of mixed shares, most of a pod's placement time under th
 score for a shape never changes while the scorer stays the same (the look *is* the node state the scorer reads), so
 each shape keeps a heap of its looks by score and a search pops the best live ones.
 
-What keeps a heap true:
+Each entry is keyed by the look's score, then by its first node: the top of a heap is the search's pick when no tie
+is drawn (the lowest first node among the best), read without walking the looks tied with it (a busy cluster's
+heaps hold a hundred such looks at the top, many of them gone). What keeps a heap true:
 
-- a look enters the live set (a node moves into a state no live node had) only through ``Capacity._index``, which
-  writes it into ``Capacity.look_log``; each heap reads the log from where it stopped, so it sees every look that
-  came (back) since;
+- a look enters the live set (a node moves into a state no live node had), or its first node comes earlier (a node
+  before its others joins it), only through ``Capacity._index``, which writes it into ``Capacity.look_log``; each heap
+  reads the log from where it stopped, so it sees every look that came (back) since, and a look whose first node is
+  no longer the one its entry is keyed by gets an entry keyed by the new one (the old entry is then stale: it is
+  dropped when it reaches the top, or passed by a walk);
+- so no entry is keyed by a first node later than its look's: a look whose first node left has an entry keyed too
+  early, which is keyed again when it reaches the top;
 - a look that lost its nodes stays in the heap until it reaches the top, where it is dropped (it is pushed again
   from the log if it comes back; while its entry is still there, that entry serves again, its answer being the same),
   or until ``best`` passes many such entries tied with the best, when every one is dropped at once;
 - a new scorer (the searcher's epoch), a change in the node classes or a fresh log voids every heap.
 
-Ties keep the search's rule: every live look with the best score is returned, and the search gives the pod to the
-lowest node among them (or draws one).
+Ties keep the search's rule: every live look with the best score is returned when a tie is drawn, and the search
+gives the pod to the lowest node among them (or draws one).
 """
 
 from __future__ import annotations
@@ -40,18 +46,23 @@ Scored = Callable[[capacity.Look], capacity.LookBest | None]
 Candidate = tuple[int, Sequence[int], capacity.LookBest]
 """One tied look: its first node, its nodes in node order, its answer."""
 
+Entry = tuple[int, int, int, capacity.Look, capacity.LookBest]
+"""A heap entry: (minus the score, the first node it is keyed by, a sequence number, the look, its answer)."""
+
 
 class Ranking:
     __slots__ = ("cursor", "entries", "present")
 
     def __init__(self, cursor: int) -> None:
-        self.entries: list[tuple[int, int, capacity.Look, capacity.LookBest]] = []
-        """(minus the score, a sequence number that keeps looks from being compared, the look, its answer)."""
+        self.entries: list[Entry] = []
+        """(minus the score, the first node it is keyed by, a sequence number that keeps looks from being compared,
+        the look, its answer)."""
         self.cursor = cursor
         """How far into ``Capacity.look_log`` this heap has read."""
-        self.present: set[int] = set()
-        """The looks (by id) with an entry: a look that comes back while its old entry is still there keeps that one
-        (its answer is the same), so a busy cluster's heap does not fill with copies."""
+        self.present: dict[int, Entry] = {}
+        """Per look (by id) with an entry, its current entry: a look that comes back while that entry is still there
+        keeps it (its answer is the same; keyed again if its first node changed), so a busy cluster's heap does not
+        fill with copies. Other entries of the look are stale."""
 
 
 class LookRanks:
@@ -94,54 +105,92 @@ class LookRanks:
             entries = heap.entries
             present = heap.present
             for look in log[heap.cursor :]:
-                if look.cls in wanted and look.members and id(look) not in present:
+                members = look.members
+                if look.cls not in wanted or not members:
+                    continue
+                entry = present.get(id(look))
+                if entry is None:
                     found = scored(look)
                     if found is not None:
-                        self._seq += 1
-                        self._entries += 1
-                        present.add(id(look))
-                        heapq.heappush(entries, (-found[0], self._seq, look, found))
+                        heapq.heappush(entries, self._entry(heap, -found[0], look, found))
+                elif entry[1] != members[0]:
+                    heapq.heappush(entries, self._entry(heap, entry[0], look, entry[4]))
             heap.cursor = len(log)
         return heap
+
+    def _entry(self, heap: Ranking, key: int, look: capacity.Look, found: capacity.LookBest) -> Entry:
+        """A new entry for ``look``, keyed by ``key`` (minus its score) and its first node now: the look's current
+        one (``Ranking.present``). The caller puts it in the heap."""
+        self._seq += 1
+        self._entries += 1
+        entry = (key, look.members[0], self._seq, look, found)
+        heap.present[id(look)] = entry
+        return entry
 
     def _push(self, heap: Ranking, look: capacity.Look, scored: Scored) -> None:
         if id(look) in heap.present:
             return
         found = scored(look)
         if found is not None:
-            self._seq += 1
-            self._entries += 1
-            heap.present.add(id(look))
-            heap.entries.append((-found[0], self._seq, look, found))
+            heap.entries.append(self._entry(heap, -found[0], look, found))
+
+    def _top(self, heap: Ranking) -> Entry | None:
+        """The top entry once it is its live look's current entry, keyed by its first node now (gone looks and
+        stale entries are dropped, an entry keyed too early is keyed again); None when no live look is left."""
+        entries = heap.entries
+        present = heap.present
+        while entries:
+            top = entries[0]
+            look = top[3]
+            members = look.members
+            if present.get(id(look)) is not top:
+                heapq.heappop(entries)  # stale: the look has a newer entry
+            elif not members:
+                heapq.heappop(entries)
+                del present[id(look)]
+            elif members[0] != top[1]:
+                heapq.heapreplace(entries, self._entry(heap, top[0], look, top[4]))  # keyed by its first node now
+            else:
+                return top
+            self._entries -= 1
+        return None
 
     def any(self, heap: Ranking) -> bool:
-        """Does some live look take the shape (``best`` is not empty)? Gone looks are dropped from the top first."""
-        entries = heap.entries
-        while entries and not entries[0][2].members:
-            heap.present.discard(id(heapq.heappop(entries)[2]))
-            self._entries -= 1
-        return bool(entries)
+        """Does some live look take the shape (``best`` is not empty)?"""
+        return self._top(heap) is not None
 
     def _drop_gone(self, heap: Ranking) -> None:
-        """Drop every entry of a look gone (it is pushed again from the log if it comes back)."""
-        live = [entry for entry in heap.entries if entry[2].members]
+        """Drop every entry of a look gone and every stale one (a look is pushed again from the log if it comes
+        back), and key the rest by their first nodes now."""
+        present = heap.present
+        live: list[Entry] = []
+        for entry in heap.entries:
+            look = entry[3]
+            if not look.members or present.get(id(look)) is not entry:
+                continue
+            if entry[1] != look.members[0]:
+                self._entries -= 1
+                entry = self._entry(heap, entry[0], look, entry[4])
+            live.append(entry)
         self._entries -= len(heap.entries) - len(live)
         heapq.heapify(live)
         heap.entries = live
-        heap.present = {id(entry[2]) for entry in live}
+        heap.present = {id(entry[3]): entry for entry in live}
 
     def best(self, heap: Ranking, *, every: bool = True) -> list[Candidate]:
-        """Every live look with the best score (empty when none takes the shape): gone looks are dropped from the
-        top until a live one is there, then every entry with its score is found without popping (in a heap they form
-        a subtree around the root). Without ``every``, only the one whose first node comes first (the search's pick
-        when no tie is drawn)."""
-        if not self.any(heap):
+        """Every live look with the best score (empty when none takes the shape). Without ``every``, only the one
+        whose first node comes first (the search's pick when no tie is drawn): the top of the heap. With it, every
+        entry with the best score is found without popping (in a heap they form a subtree around the root)."""
+        top_entry = self._top(heap)
+        if top_entry is None:
             return []
+        if not every:
+            members = top_entry[3].members
+            return [(members[0], members, top_entry[4])]
         entries = heap.entries
-        best = entries[0][0]
+        present = heap.present
+        best = top_entry[0]
         top: list[Candidate] = []
-        first: capacity.Look | None = None
-        live = 0
         gone = 0
         size = len(entries)
         stack = [0]
@@ -150,26 +199,18 @@ class LookRanks:
             entry = entries[index]
             if entry[0] != best:
                 continue
-            look = entry[2]
+            look = entry[3]
             members = look.members
-            if not members:
+            if not members or present.get(id(look)) is not entry:
                 gone += 1
-            elif every:
-                top.append((members[0], members, entry[3]))
             else:
-                live += 1
-                if first is None or members[0] < first.members[0]:
-                    first, found = look, entry[3]
+                top.append((members[0], members, entry[4]))
             child = 2 * index + 1
             if child < size:
                 stack.append(child)
                 if child + 1 < size:
                     stack.append(child + 1)
-        if first is not None:
-            top.append((first.members[0], first.members, found))
-        else:
-            live = len(top)
-        if gone > _GONE_TIED and gone > live:
+        if gone > _GONE_TIED and gone > len(top):
             # Looks come and go on a busy cluster, and the gone ones tied with the best stay below the top: the
             # walk above passed more of them than of live ones. Drop them all once (linear, like one such walk in
             # a few dozen).

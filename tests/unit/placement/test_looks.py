@@ -343,6 +343,43 @@ def test_the_best_look_alone_is_the_tied_look_whose_first_node_comes_first() -> 
     assert ranks.best(heap, every=False) == [min(every)]
 
 
+def test_the_best_look_alone_follows_its_first_node_as_nodes_join_and_leave_looks() -> None:
+    """A heap keyed by each look's first node reads the top alone: a node before a look's others joining it (the
+    look's first node comes earlier) and a look's first node leaving it must both change the pick."""
+    cap = _capacity(*(builders.node(f"n{i}", gpus=2, cpu=64_000) for i in range(8)))
+    ranks = lookrank.LookRanks()
+    best_free = {63_000, 62_000}
+
+    def scored(look: capacity.Look) -> capacity.LookBest:
+        return (1 if look.free_cpu in best_free else 0, (), ())
+
+    def set_free(order: int, free_cpu: int) -> None:
+        work = cap.by_order[order]
+        cap.begin(work)
+        work.free_cpu = free_cpu
+        cap.end(work)
+
+    def picks() -> tuple[int, int]:
+        heap = ranks.heap(cap, 0, (0,), scored, epoch=1)
+        alone = ranks.best(heap, every=False)
+        live = [look for index in cap.classes for look in index.looks.values()]
+        top = max(scored(look)[0] for look in live)
+        expected = min(look.members[0] for look in live if scored(look)[0] == top)
+        assert min(candidate[0] for candidate in ranks.best(heap)) == expected
+        return alone[0][0], expected
+
+    set_free(2, 63_000)
+    set_free(5, 62_000)
+    assert picks() == (2, 2)
+    set_free(1, 62_000)  # joins node 5's look ahead of it: that look now comes first
+    assert picks() == (1, 1)
+    set_free(1, 64_000)  # and leaves it again: node 2's look comes first again
+    assert picks() == (2, 2)
+    set_free(0, 62_000)
+    set_free(5, 64_000)
+    assert picks() == (0, 0)
+
+
 def test_the_nodes_grown_since_a_verdict_are_read_up_to_the_recheck_limit() -> None:
     log = [3, 1, 3, 2, 1] + list(range(10, 20)) + [1] * 50
     assert search._distinct(log, 0, 16) == {1, 2, 3, *range(10, 20)}
