@@ -174,11 +174,15 @@ class FragmentationMeter:
         self._memo: dict[tuple[str, int, int, tuple[int, ...]], int] = {}
 
     def weighted(self, node: NodeFree) -> int:
-        key = (node.gpu_model, node.milli_cpu, node.memory_bytes if self.memory_aware else 0, node.devices)
+        return self.weighted_of(node.gpu_model, node.milli_cpu, node.memory_bytes, node.devices)
+
+    def weighted_of(self, gpu_model: str, milli_cpu: int, memory_bytes: int, devices: tuple[int, ...]) -> int:
+        """``weighted`` of a node given by its values (no ``NodeFree`` made: a scorer asks this twice per choice)."""
+        key = (gpu_model, milli_cpu, memory_bytes if self.memory_aware else 0, devices)
         found = self._memo.get(key)
         if found is not None:
             return found
-        value = self._compute(node.gpu_model, node.milli_cpu, key[2], node.devices)
+        value = self._compute(gpu_model, milli_cpu, key[2], devices)
         if len(self._memo) >= _MEMO_LIMIT:
             self._memo.clear()
         self._memo[key] = value
@@ -300,12 +304,15 @@ class Appetite:
 
     def starved_milli_gpu(self, node: NodeFree) -> int:
         """The free milli-GPU of ``node`` that its free CPU or memory cannot feed at this appetite."""
-        free = sum(node.devices)
+        return self.starved_of(sum(node.devices), node.milli_cpu, node.memory_bytes)
+
+    def starved_of(self, free: int, milli_cpu: int, memory_bytes: int) -> int:
+        """``starved_milli_gpu`` of a node with ``free`` milli-GPU and this free CPU and memory."""
         fed = free
         if self.milli_cpu_per_gpu:
-            fed = min(fed, max(0, node.milli_cpu) * MILLI_GPU_PER_DEVICE // self.milli_cpu_per_gpu)
+            fed = min(fed, max(0, milli_cpu) * MILLI_GPU_PER_DEVICE // self.milli_cpu_per_gpu)
         if self.memory_bytes_per_gpu:
-            fed = min(fed, max(0, node.memory_bytes) * MILLI_GPU_PER_DEVICE // self.memory_bytes_per_gpu)
+            fed = min(fed, max(0, memory_bytes) * MILLI_GPU_PER_DEVICE // self.memory_bytes_per_gpu)
         return free - fed
 
 
@@ -335,8 +342,44 @@ class QuotientScorer:
         )
 
     def __call__(self, node: NodeFree, pod: PodShape, devices: tuple[int, ...]) -> int:
-        moved = after(node, pod, devices)
-        weight = self.meter.total_weight
-        growth = self.meter.weighted(moved) - self.meter.weighted(node)
-        growth += weight * (self.appetite.starved_milli_gpu(moved) - self.appetite.starved_milli_gpu(node))
+        return self.score_of(
+            node.gpu_model,
+            node.milli_cpu,
+            node.memory_bytes,
+            node.devices,
+            pod_cpu=pod.milli_cpu,
+            pod_memory=pod.memory_bytes,
+            pod_milli_gpu=pod.milli_gpu,
+            chosen=devices,
+        )
+
+    def score_of(
+        self,
+        gpu_model: str,
+        milli_cpu: int,
+        memory_bytes: int,
+        devices: tuple[int, ...],
+        *,
+        pod_cpu: int,
+        pod_memory: int,
+        pod_milli_gpu: int,
+        chosen: tuple[int, ...],
+    ) -> int:
+        """The score of a pod asking ``pod_milli_gpu`` on each of ``chosen`` (and this CPU and memory) on a node given
+        by its values: ``__call__`` without a ``NodeFree`` or ``PodShape`` made (the engine's scorer asks this for
+        every look a search meets; ``after`` says what the node looks like then)."""
+        free = list(devices)
+        for index in chosen:
+            free[index] -= pod_milli_gpu
+        moved = tuple(free)
+        cpu_after, memory_after = milli_cpu - pod_cpu, memory_bytes - pod_memory
+        meter, appetite = self.meter, self.appetite
+        weight = meter.total_weight
+        growth = meter.weighted_of(gpu_model, cpu_after, memory_after, moved) - meter.weighted_of(
+            gpu_model, milli_cpu, memory_bytes, devices
+        )
+        growth += weight * (
+            appetite.starved_of(sum(moved), cpu_after, memory_after)
+            - appetite.starved_of(sum(devices), milli_cpu, memory_bytes)
+        )
         return fgd_score(growth, weight)

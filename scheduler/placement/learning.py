@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from scheduler.placement import fragmentation, model, scoring
-from scheduler.placement.fragmentation import NodeFree, PodShape
+from scheduler.placement.fragmentation import PodShape
 
 HALF_LIFE_ARRIVALS = 4096
 """Weights halve after this many arrivals: a few thousand pods is about one openb trace, and a busy cluster's hour."""
@@ -85,27 +85,20 @@ class LearnedScorer:
         self._binpack = scoring.builtin(node=scoring.Strategy.BINPACK, device=scoring.Strategy.BINPACK)
 
     def __call__(self, state: scoring.NodeState, request: scoring.GpuRequest, devices: tuple[int, ...]) -> int:
-        node = NodeFree(
-            gpu_model=state.device_models[0] if state.device_models else "",
-            milli_cpu=state.free_milli_cpu,
-            memory_bytes=state.free_memory_bytes,
-            devices=state.device_free_milli,
+        # The node and the pod as ``fragmentation`` sees them (``NodeFree``, ``PodShape``), passed as plain values.
+        whole = model.MILLI_GPU_PER_DEVICE if request.whole_gpus else 0
+        milli = request.share_milli if request.is_share else whole
+        inner = self._inner.score_of(
+            state.device_models[0] if state.device_models else "",
+            state.free_milli_cpu,
+            state.free_memory_bytes,
+            state.device_free_milli,
+            pod_cpu=request.milli_cpu,
+            pod_memory=request.memory_bytes,
+            pod_milli_gpu=milli,
+            chosen=devices,
         )
-        if request.is_share:
-            pod = PodShape(
-                milli_cpu=request.milli_cpu,
-                memory_bytes=request.memory_bytes,
-                gpu_count=request.share_devices,
-                milli_gpu=request.share_milli,
-            )
-        else:
-            pod = PodShape(
-                milli_cpu=request.milli_cpu,
-                memory_bytes=request.memory_bytes,
-                gpu_count=request.whole_gpus,
-                milli_gpu=model.MILLI_GPU_PER_DEVICE if request.whole_gpus else 0,
-            )
-        return (self._inner(node, pod, devices) << _BINPACK_BITS) + self._binpack(state, request, devices)
+        return (inner << _BINPACK_BITS) + self._binpack(state, request, devices)
 
 
 class Learner:
