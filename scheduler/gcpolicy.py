@@ -15,13 +15,18 @@ thresholds hold as they are.
 young generation holds when it runs, and in the middle of a busy cycle that is the cycle's own working objects:
 measured at cd4a558, each of the busy cycles' young collections walked 500,000 to 630,000 objects, none of them
 garbage, for 0.2 to 0.3 s, in the slowest cycles of the run. At the end of the cycle those objects are gone and only
-what it keeps remains (30,000 to 110,000 objects in a busy cycle: the plan, the statuses, the caches it updated). So a
-cycle runs without the collector and, at its end, makes the collection that is due: the young generation once it
-holds ``YOUNG_AT_CYCLE_END`` objects, and the older ones when their turn comes by the thresholds' counts, as CPython
-would choose them (without CPython's extra condition on a full collection, which it does not expose: a full
-collection runs after about ``THRESHOLDS[1] * THRESHOLDS[2]`` young ones). The collection belongs to the cycle: it is
-timed with it, in the scheduler's cycle histogram and in ``bench engine``. Cyclic garbage made during a cycle (an
-exception's traceback) waits for its end.
+what it keeps remains (30,000 to 130,000 objects in a busy cycle: the plan, the statuses, the caches it updated, the
+snapshot's new objects). So a cycle runs without the collector and, at its end, collects the young generation once
+it holds ``YOUNG_AT_CYCLE_END`` objects: every busy cycle pays for what it kept (0.04-0.11 s measured), none pays for
+what two or three before it kept.
+
+**What survives is frozen** (``gc.freeze`` after each of those collections). The survivors would otherwise pile up in
+the middle generation, whose collection (every 20 young ones) walked up to two million objects, 0.3-0.5 s in one
+cycle. Frozen objects are left out of every collection but are freed by reference counting as usual: only cyclic
+garbage among them waits, for a full collection of everything (``gc.unfreeze`` first) that runs after
+``FULL_EVERY`` young ones at a cycle's end, the cadence at which CPython's thresholds would make one. The collection
+belongs to the cycle: it is timed with it, in the scheduler's cycle histogram and in ``bench engine``. Cyclic garbage
+made during a cycle (an exception's traceback) waits for its end.
 """
 
 from __future__ import annotations
@@ -33,9 +38,16 @@ from collections.abc import Iterator
 THRESHOLDS = (400_000, 20, 10)
 """``gc.set_threshold``'s three values for the scheduler process."""
 
-YOUNG_AT_CYCLE_END = 100_000
-"""A cycle ends with a young collection once the young generation holds this many objects: a quarter of the
-threshold, since what remains at a cycle's end is what lives on (a busy cycle keeps 30,000 to 110,000 of them)."""
+YOUNG_AT_CYCLE_END = 20_000
+"""A cycle ends with a young collection once the young generation holds this many objects: a busy cycle keeps
+30,000 to 130,000 (each is collected at its own end), a quiet one a few thousand (nothing to collect)."""
+
+FULL_EVERY = THRESHOLDS[1] * THRESHOLDS[2]
+"""Young collections at cycles' ends between two full ones (the frozen objects unfrozen first): CPython's thresholds
+would collect the oldest generation after this many young ones."""
+
+_young_since_full = 0
+"""Young collections made at cycles' ends since the last full one (one collector per process: so is this count)."""
 
 
 def apply() -> None:
@@ -72,14 +84,18 @@ def cycle() -> Iterator[None]:
 
 def collect_due() -> int | None:
     """The collection a cycle's end owes: none while the young generation holds fewer than ``YOUNG_AT_CYCLE_END``
-    objects; else the oldest generation whose count passed its threshold (each count being the collections of the
-    generation below since its own last one), as CPython chooses it. Returns the generation collected, or None."""
-    young, middle, old = gc.get_count()
-    if young < YOUNG_AT_CYCLE_END:
+    objects; else the young generation, or everything (frozen objects included) once ``FULL_EVERY`` young ones ran
+    since the last such; what survives is frozen. Returns the generation collected, or None."""
+    global _young_since_full
+    if gc.get_count()[0] < YOUNG_AT_CYCLE_END:
         return None
-    _, middle_threshold, old_threshold = gc.get_threshold()
-    generation = 0
-    if middle > middle_threshold:
-        generation = 2 if old > old_threshold else 1
+    _young_since_full += 1
+    if _young_since_full >= FULL_EVERY:
+        _young_since_full = 0
+        gc.unfreeze()
+        generation = 2
+    else:
+        generation = 0
     gc.collect(generation)
+    gc.freeze()
     return generation

@@ -1,10 +1,12 @@
-"""The scheduler's garbage collection (``scheduler.gcpolicy``): none inside a cycle, the one due at its end.
+"""The scheduler's garbage collection (``scheduler.gcpolicy``): none inside a cycle, the one due at its end, its
+survivors frozen until a full collection.
 
-Each test runs under the scheduler's thresholds and leaves the process's collector as it found it."""
+Each test runs under the scheduler's thresholds and leaves the process's collector as it found it (nothing frozen)."""
 
 from __future__ import annotations
 
 import gc
+import weakref
 from collections.abc import Iterator
 
 import pytest
@@ -13,9 +15,11 @@ from scheduler import gcpolicy
 
 
 @pytest.fixture
-def collections() -> Iterator[list[int]]:
-    """The generations collected while the test runs, in order (the collector on, the scheduler's thresholds)."""
+def collections(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """The generations collected while the test runs, in order (the collector on, the scheduler's thresholds, no
+    young collection counted towards a full one yet)."""
     seen: list[int] = []
+    monkeypatch.setattr(gcpolicy, "_young_since_full", 0)
 
     def noted(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
@@ -30,6 +34,7 @@ def collections() -> Iterator[list[int]]:
             yield seen
     finally:
         gc.callbacks.remove(noted)
+        gc.unfreeze()
         if not was_enabled:
             gc.disable()
 
@@ -47,6 +52,7 @@ def test_no_collection_runs_inside_a_cycle_and_the_one_due_runs_at_its_end(colle
     assert gc.isenabled()
     assert collections == [0]  # the young generation, at the end
     assert gc.get_count()[0] < gcpolicy.YOUNG_AT_CYCLE_END
+    assert gc.get_freeze_count() >= len(kept), "what the cycle kept is frozen"
     del kept
 
 
@@ -60,15 +66,44 @@ def test_a_cycle_that_leaves_little_behind_collects_nothing(collections: list[in
     del kept
 
 
-def test_the_older_generations_are_collected_when_their_turn_comes(collections: list[int]) -> None:
-    middle = gcpolicy.THRESHOLDS[1]
+class _Cyclic:
+    """An object in a reference cycle: only the cyclic collector frees it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_each_busy_cycle_collects_only_what_it_kept_and_never_the_older_generations(
+    collections: list[int],
+) -> None:
     kept = []
-    # CPython collects the middle generation once more young collections than its threshold have run since its last.
-    for _ in range(middle + 2):
+    frozen = []
+    for _ in range(gcpolicy.THRESHOLDS[1] + 5):  # past the count at which CPython collects the middle generation
         with gcpolicy.cycle():
             kept.append(_allocate(gcpolicy.YOUNG_AT_CYCLE_END))
-    assert collections == [0] * (middle + 1) + [1]
-    assert gc.get_count()[1] == 0
+        frozen.append(gc.get_freeze_count())
+    assert collections == [0] * (gcpolicy.THRESHOLDS[1] + 5)
+    assert frozen == sorted(frozen) and frozen[-1] - frozen[0] >= len(kept[0]) * (len(kept) - 1)
+    del kept
+
+
+def test_cyclic_garbage_frozen_at_a_cycles_end_is_freed_by_the_next_full_collection(
+    collections: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gcpolicy, "FULL_EVERY", 3)
+    cyclic = _Cyclic()
+    gone = weakref.ref(cyclic)
+    with gcpolicy.cycle():
+        kept = _allocate(gcpolicy.YOUNG_AT_CYCLE_END)
+    del cyclic  # garbage now, but frozen: young collections leave it
+    with gcpolicy.cycle():
+        kept += _allocate(gcpolicy.YOUNG_AT_CYCLE_END)
+    assert gone() is not None
+    with gcpolicy.cycle():
+        kept += _allocate(gcpolicy.YOUNG_AT_CYCLE_END)
+    assert collections == [0, 0, 2]
+    assert gone() is None, "the full collection unfroze and freed it"
+    assert gc.get_freeze_count() >= len(kept), "and froze what survived again"
     del kept
 
 
