@@ -139,6 +139,8 @@ class Earliest:
         gone."""
         self.frontier = start
         """The units before this position have been looked at."""
+        self._every = all(queue in queues for queue in positions.by_queue)
+        """Every unit of the list is of one of ``queues`` (consolidation's candidates): a sweep reads them in turn."""
         self._epoch = cap.changes_epoch
         self._seen = len(cap.changes)
 
@@ -180,18 +182,23 @@ class Earliest:
         stop = min(len(self.positions.units), until)
         if self.frontier >= stop:
             return
-        by_queue = self.positions.by_queue
-        spans = []
-        for queue in self._queues:
-            found = by_queue.get(queue)
-            if found:
-                low = bisect.bisect_left(found, self.frontier)
-                if low < len(found) and found[low] < stop:
-                    spans.append(found[low : low + _SWEEP])
-        # The first _SWEEP positions of the queues from the frontier on, before ``stop``: where fewer, all of them.
-        merged = heapq.merge(*spans) if len(spans) > 1 else spans[0] if spans else []
-        taken = list(itertools.islice(itertools.takewhile(stop.__gt__, merged), _SWEEP))
-        self.frontier = taken[-1] + 1 if len(taken) == _SWEEP else stop
+        taken: Sequence[int]
+        if self._every:
+            taken = range(self.frontier, min(stop, self.frontier + _SWEEP))
+            self.frontier = taken[-1] + 1
+        else:
+            by_queue = self.positions.by_queue
+            spans = []
+            for queue in self._queues:
+                found = by_queue.get(queue)
+                if found:
+                    low = bisect.bisect_left(found, self.frontier)
+                    if low < len(found) and found[low] < stop:
+                        spans.append(found[low : low + _SWEEP])
+            # The first _SWEEP positions of the queues from the frontier on, before ``stop``: where fewer, all of them.
+            merged = heapq.merge(*spans) if len(spans) > 1 else spans[0] if spans else []
+            taken = list(itertools.islice(itertools.takewhile(stop.__gt__, merged), _SWEEP))
+            self.frontier = taken[-1] + 1 if len(taken) == _SWEEP else stop
         units = self.positions.units
         evicted = self._evicted
         room = self._room

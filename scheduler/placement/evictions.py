@@ -167,13 +167,15 @@ def consolidate(scene: roomscene.Scene, group: model.Group, pods: Sequence[model
         return queue is not None and scene.old_enough(unit, queue.preempt_min_runtime_ns)
 
     units, start = scene.listed("all", lambda: _all_groups(scene))
-    # As a list of every queue's units: the walk then skips the nodes its window cannot make ready (``roommaking``).
+    # As a list of every queue's units: the walk then skips the nodes its window cannot make ready, and without a
+    # min-runtime (``eligible`` then reads the queue alone) its steps for one pod are found node by node.
     candidates = roomscene.Listed(
         key="all",
         units=units,
         start=start,
         queues=frozenset(scene.positions("all", units).by_queue),
         every_queue=True,
+        static=not any(queue.preempt_min_runtime_ns > 0 for queue in queues.values()),
     )
     done = roommaking.make_room(
         scene,

@@ -196,7 +196,7 @@ def make_room(
     listed: Listed | None = None
     window: tuple[Listed, int] | None = None
     if isinstance(candidates, Listed):
-        listed = candidates if budget is None and not moves and len(minimum) == 1 else None
+        listed = candidates if budget is None and (not moves or candidates.static) and len(minimum) == 1 else None
         end = scene.positions(candidates.key, candidates.units).window_end(candidates.start, candidates.queues, scanned)
         window = (candidates, end)
         candidates = candidates.candidates()
@@ -296,10 +296,11 @@ class _Search:
         if self.listed is not None:
             step = self._first_step()
             if step is None:
+                self.draft.rollback(self.start)
                 return False
             if step and self._keep_needed():
                 return True
-            # The walk goes on past its first step here: walk it all, from the start.
+            # The walk goes on past where its steps were found node by node: walk it all, from the start.
             self._restart()
         if not self._scan():
             self.draft.rollback(self.start)
@@ -395,7 +396,9 @@ class _Search:
         """The walk's first step (``_scan`` up to its first try of the minimum), found node by node (``earliest``):
         True when the minimum fits after it, the draft then as the walk leaves it; False where the walk would go on
         (the first try failed); None when the walk would find no node ready (it fails, leaving the reason the walk
-        would leave: ``_leave_reasons``)."""
+        would leave: ``_leave_reasons``). For a ``Listed.static`` action the steps after a failed try are found node
+        by node too, as long as each evicts only groups that run on its node alone (``_alone``): None then also when
+        the walk would fail later (no node ready after, or the units it may evict all chosen)."""
         listed = self.listed
         if listed is None:
             return False
@@ -404,25 +407,40 @@ class _Search:
         window = self.window
         assert window is not None  # set with ``listed``, from the same candidates: the window's end
         end = window[1]
-        found = self._first_ready(bounds, end)
-        if found is None:
-            self._leave_reasons(positions, end)
-            return None
-        position, node, pool = found
         units = listed.units
-        on_node = positions.by_node[node]
         queues = listed.queues
+        limit = self.scene.snapshot.config.consolidation_max_moves if self.moves else self.max_units
+        while True:
+            found = self._first_ready(bounds, end)
+            if found is None:
+                if not self.chosen:
+                    self._leave_reasons(positions, end)
+                return None
+            position, node, pool = found
+            on_node = positions.by_node[node]
 
-        def after() -> Iterator[victims.Unit]:
-            for later in on_node[bisect.bisect_right(on_node, position) :]:
-                if later >= end:
-                    return
-                if units[later].group.queue in queues:
-                    yield units[later]
+            def after(position: int = position, on_node: list[int] = on_node) -> Iterator[victims.Unit]:
+                for later in on_node[bisect.bisect_right(on_node, position) :]:
+                    if later >= end:
+                        return
+                    if units[later].group.queue in queues:
+                        yield units[later]
 
-        single = self._single(node, pool, after)
-        batch = [single] if single is not None else pool
-        return self._evict(batch, newest=units[position]) and self._may_fit(batch) and self._settle(self.chosen)
+            single = self._single(node, pool, after)
+            batch = [single] if single is not None else pool
+            if not (self._evict(batch, newest=units[position]) and self._may_fit(batch)):
+                return False
+            probe = self.draft.checkpoint()
+            if self._settle(self.chosen):
+                return True
+            if not listed.static or not _alone(batch, node):
+                return False
+            # Every other node and candidate is as it was: the walk's next step is the next node found ready.
+            self.draft.rollback(probe)
+            self.failed_settles += 1
+            if len(self.chosen) >= limit:
+                return None
+            bounds.sync()
 
     def _leave_reasons(self, positions: earliest.Positions, end: int) -> None:
         """Leave the reasons the walk would leave when no node gets ready: it asks ``eligible`` of every takeable
@@ -431,6 +449,8 @@ class _Search:
         assert listed is not None
         reasons = listed.reasons
         if reasons is None:
+            if listed.static:
+                return  # ``eligible`` leaves nothing: no reason, no time it waits for
             for unit in self.candidates.drawn():
                 if self._takeable(unit) and self.room.nodes_of(self._live(unit)):
                     self.eligible(unit)
@@ -624,3 +644,9 @@ class _Search:
         for unit in chosen:
             _evict_unit(self.scene, unit, reason=self.reason, beneficiary=self.group, message=self.message)
         return self._settle(chosen)
+
+
+def _alone(batch: Sequence[victims.Unit], node: model.NodeName) -> bool:
+    """Does every unit of ``batch`` belong to a group that runs on ``node`` alone? Evicting such units changes no
+    other node, and no other unit's live pods or whether it may be taken (``victims.can_take`` reads its own group)."""
+    return all(pod.node == node for unit in batch for pod in unit.group.members if pod.node is not None)

@@ -187,6 +187,10 @@ class Listed:
     end of its window instead of asking ``eligible`` of every candidate; without it, every candidate is asked."""
     every_queue: bool = False
     """``queues`` holds the queue of every unit of the list (consolidation's candidates): none is passed."""
+    static: bool = False
+    """``eligible`` answers the same for a unit however the draft changes, and gives no reason (consolidation's,
+    no min-runtime in play): the walk's steps past a failed try of the minimum are found node by node too, and a
+    walk that finds no node ready leaves nothing to find."""
     quiet: Callable[[model.QueueName, Resources], bool] | None = None
     """With ``reasons``: True when no unit of the queue that holds at most the given amounts (each resource's own
     maximum) would leave a reason now, so that the search for the last reason passes the queue's units unread."""

@@ -408,6 +408,7 @@ def test_the_first_step_found_node_by_node_is_the_walks_and_changes_no_decision(
     snapshot, _ = _second_cycle(case)
     run, first_step = roommaking._Search.run, roommaking._Search._first_step
     outcomes: list[bool | None] = []
+    steps_past_a_failed_try: list[bool | None] = []
 
     def drafted(draft: plan.Draft, mark: plan.Checkpoint) -> tuple[object, ...]:
         return (
@@ -421,6 +422,8 @@ def test_the_first_step_found_node_by_node_is_the_walks_and_changes_no_decision(
         mark = self.draft.checkpoint()
         step = first_step(self)
         outcomes.append(step)
+        if self.failed_settles:
+            steps_past_a_failed_try.append(step)
         stepped = drafted(self.draft, mark)
         self._restart()
         walked = self._scan()
@@ -438,6 +441,12 @@ def test_the_first_step_found_node_by_node_is_the_walks_and_changes_no_decision(
         walked = engine.Engine().run(snapshot)
     event("a first step made room" if True in outcomes else "no first step made room")
     event("a first step found no node" if None in outcomes else "every first step found a node")
+    event(
+        "steps past a failed try made room"
+        if True in steps_past_a_failed_try
+        else "no step past a failed try made room"
+    )
+    event("steps past a failed try failed" if None in steps_past_a_failed_try else "no step past a failed try failed")
     assert builders.decisions(stepped) == builders.decisions(walked)
     assert stepped.statuses == walked.statuses
 
