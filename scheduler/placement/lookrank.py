@@ -12,7 +12,9 @@ heaps hold a hundred such looks at the top, many of them gone). What keeps a hea
 
 - a look enters the live set (a node moves into a state no live node had), or its first node comes earlier (a node
   before its others joins it), only through ``Capacity._index``, which writes it into ``Capacity.look_log``; each heap
-  reads the log from where it stopped, so it sees every look that came (back) since, and a look whose first node is
+  reads the log from where it stopped, so it sees every look that came (back) since (the log's looks that had no
+  nodes left when first read are read by no heap: gone, they need no entry, and back, they are logged again), and a
+  look whose first node is
   no longer the one its entry is keyed by gets an entry keyed by the new one (the old entry is then stale: it is
   dropped when it reaches the top, or passed by a walk);
 - so no entry is keyed by a first node later than its look's: a look whose first node left has an entry keyed too
@@ -58,7 +60,7 @@ class Ranking:
         """(minus the score, the first node it is keyed by, a sequence number that keeps looks from being compared,
         the look, its answer)."""
         self.cursor = cursor
-        """How far into ``Capacity.look_log`` this heap has read."""
+        """How far into the looks of the log (``LookRanks._log``) this heap has read."""
         self.present: dict[int, Entry] = {}
         """Per look (by id) with an entry, its current entry: a look that comes back while that entry is still there
         keeps it (its answer is the same; keyed again if its first node changed), so a busy cluster's heap does not
@@ -73,6 +75,12 @@ class LookRanks:
         self._valid_for: tuple[int, ...] = ()
         self._entries = 0
         self._seq = 0
+        self._log: list[capacity.Look] = []
+        """The looks of ``Capacity.look_log`` that still had nodes when first read, in order: what the heaps read (a
+        busy cycle's log is mostly looks gone again, a node's state within an attempt later undone: read once here
+        instead of once per shape). A look that comes back is in the capacity's log again."""
+        self._copied = 0
+        """How far into ``Capacity.look_log`` ``_log`` has read."""
 
     def heap(
         self,
@@ -88,10 +96,12 @@ class LookRanks:
         read."""
         valid_for = (epoch, cap.structure_version, cap.look_generation)
         if valid_for != self._valid_for or self._entries > _ENTRY_LIMIT:
+            if valid_for[1:] != self._valid_for[1:]:
+                self._log, self._copied = [], len(cap.look_log)  # a fresh log or other classes: read from here on
             self._heaps.clear()
             self._entries = 0
             self._valid_for = valid_for
-        log = cap.look_log
+        log = self._read_log(cap)
         heap = self._heaps.get(shape_id)
         if heap is None:
             heap = self._heaps[shape_id] = Ranking(len(log))
@@ -117,6 +127,17 @@ class LookRanks:
                     heapq.heappush(entries, self._entry(heap, entry[0], look, entry[4]))
             heap.cursor = len(log)
         return heap
+
+    def _read_log(self, cap: capacity.Capacity) -> list[capacity.Look]:
+        """``_log`` brought up to date with the capacity's log."""
+        source = cap.look_log
+        if self._copied < len(source):
+            log = self._log
+            for look in source[self._copied :]:
+                if look.members:
+                    log.append(look)
+            self._copied = len(source)
+        return self._log
 
     def _entry(self, heap: Ranking, key: int, look: capacity.Look, found: capacity.LookBest) -> Entry:
         """A new entry for ``look``, keyed by ``key`` (minus its score) and its first node now: the look's current
