@@ -141,8 +141,24 @@ class Earliest:
         """The units before this position have been looked at."""
         self._every = all(queue in queues for queue in positions.by_queue)
         """Every unit of the list is of one of ``queues`` (consolidation's candidates): a sweep reads them in turn."""
+        self._on_node: dict[model.NodeName, list[int]] = {}
         self._epoch = cap.changes_epoch
         self._seen = len(cap.changes)
+
+    def on_node(self, name: model.NodeName) -> list[int]:
+        """The positions of the units of ``queues`` with a pod on the node, ascending (found once per node: an attempt
+        walks a node's own candidates, and most units on a node may be other queues')."""
+        found = self._on_node.get(name)
+        if found is None:
+            every = self.positions.by_node.get(name, [])
+            if self._every:
+                found = every
+            else:
+                units = self.positions.units
+                queues = self._queues
+                found = [position for position in every if units[position].group.queue in queues]
+            self._on_node[name] = found
+        return found
 
     def sync(self) -> None:
         """Look again at every node changed since the last call."""

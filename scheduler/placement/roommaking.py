@@ -408,7 +408,6 @@ class _Search:
         assert window is not None  # set with ``listed``, from the same candidates: the window's end
         end = window[1]
         units = listed.units
-        queues = listed.queues
         limit = self.scene.snapshot.config.consolidation_max_moves if self.moves else self.max_units
         while True:
             found = self._first_ready(bounds, end)
@@ -417,14 +416,13 @@ class _Search:
                     self._leave_reasons(positions, end)
                 return None
             position, node, pool = found
-            on_node = positions.by_node[node]
+            on_node = bounds.on_node(node)
 
             def after(position: int = position, on_node: list[int] = on_node) -> Iterator[victims.Unit]:
                 for later in on_node[bisect.bisect_right(on_node, position) :]:
                     if later >= end:
                         return
-                    if units[later].group.queue in queues:
-                        yield units[later]
+                    yield units[later]
 
             single = self._single(node, pool, after)
             batch = [single] if single is not None else pool
@@ -492,7 +490,7 @@ class _Search:
             if next_node < len(ready) and ready[next_node][0] <= limit:
                 name = ready[next_node][1]
                 next_node += 1
-                found = self._first_on(bounds.positions, name, limit, known)
+                found = self._first_on(bounds.on_node(name), name, limit, known)
                 if found is not None and (best is None or found[:2] < best[:2]):
                     best = (found[0], found[1], name, found[2])
                 continue
@@ -502,27 +500,23 @@ class _Search:
             return None if best is None else (best[0], best[2], best[3])
 
     def _first_on(
-        self, positions: earliest.Positions, name: model.NodeName, limit: int, known: dict[Hashable, bool]
+        self, on_node: list[int], name: model.NodeName, limit: int, known: dict[Hashable, bool]
     ) -> tuple[int, int, list[victims.Unit]] | None:
-        """The walk on one node: its candidates up to position ``limit`` pooled as ``_pool`` pools them. The
-        position at which the node's pool gives it room, the node's rank among the nodes of that candidate (the walk
-        takes the first that gains) and the pool; None when it does not gain by ``limit``. ``known``: the answers of
+        """The walk on one node: its candidates (``on_node``: the positions of the units of the action's queues on
+        it, ``earliest.Earliest.on_node``) up to position ``limit`` pooled as ``_pool`` pools them. The position at
+        which the node's pool gives it room, the node's rank among the nodes of that candidate (the walk takes the
+        first that gains) and the pool; None when it does not gain by ``limit``. ``known``: the answers of
         ``eligible`` so far, per position or per ``Listed.alike`` key (the walk asks once per candidate)."""
         listed = self.listed
         assert listed is not None
         units = listed.units
-        queues = listed.queues
         alike = listed.alike
         room = self.room
         pool: list[victims.Unit] = []
         pooled: list[model.Pod] = []
-        on_node = positions.by_node.get(name, [])
-        for position in on_node[bisect.bisect_left(on_node, listed.start) :]:
-            if position > limit:
-                break
+        for index in range(bisect.bisect_left(on_node, listed.start), bisect.bisect_right(on_node, limit)):
+            position = on_node[index]
             unit = units[position]
-            if unit.group.queue not in queues:
-                continue
             # A unit of a kind already refused is passed first (no call to ``eligible`` is saved or added by it).
             key: Hashable = position if alike is None else alike(unit)
             eligible = known.get(key)
