@@ -189,7 +189,9 @@ class Earliest:
         for position in self.positions.by_node.get(name, ()):
             if position >= frontier:
                 return
-            if units[position].group.queue in queues and self._add(name, position):
+            if units[position].group.queue in queues and self._add(
+                name, position, victims.live_pods(units[position], self._evicted)
+            ):
                 return
 
     def sweep(self, until: int) -> None:
@@ -225,18 +227,19 @@ class Earliest:
                 continue
             for name in room.nodes_of(live):
                 if name not in at:
-                    self._add(name, position)
+                    self._add(name, position, live)
 
     def done(self) -> bool:
         return self.frontier >= len(self.positions.units)
 
-    def _add(self, name: model.NodeName, position: int) -> bool:
-        """The unit at ``position`` joins the node's leaving pods; True when the node is ready with it."""
+    def _add(self, name: model.NodeName, position: int, live: Sequence[model.Pod]) -> bool:
+        """The unit at ``position`` (``live``: its pods not evicted) joins the node's leaving pods; True when the node
+        is ready with it."""
         leaving = self._leaving.get(name)
         if leaving is None:
             leaving = self._leaving[name] = freeing.Leaving(self._capacity.by_name[name])
         added = False
-        for pod in victims.live_pods(self.positions.units[position], self._evicted):
+        for pod in live:
             if pod.node == name and leaving.add(pod):
                 added = True
         if not added or not self._room.gains_with(name, leaving.free):
