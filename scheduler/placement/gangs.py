@@ -250,8 +250,18 @@ def try_place(
     kind: plan.Kind = plan.Kind.BIND,
 ) -> Failure | None:
     """Place ``pods`` all together or none of them; None on success."""
+    if not pods:
+        return None
+    # The first pod is looked for before anything is placed: when it finds no room (most tries on a busy cluster),
+    # there is nothing to undo.
+    first = pods[0]
+    choice = searcher.find(pod_shapes[first.uid])
+    if choice is None:
+        return Failure(pod=first, placed=0, of=len(pods))
     checkpoint = draft.checkpoint()
-    for count, pod in enumerate(pods):
+    draft.place(first, group, choice, kind=kind)
+    for count in range(1, len(pods)):
+        pod = pods[count]
         choice = searcher.find(pod_shapes[pod.uid])
         if choice is None:
             draft.rollback(checkpoint)
@@ -273,9 +283,11 @@ def place_within_limits(
 ) -> Failure | status.Status | None:
     """Place ``pods`` as one transaction (``try_place``); a gpu-memory share is checked against the limits once its
     device, and so its real share, is known (``amounts``, checked before, estimated it on the largest device)."""
+    if not any(pod.share is not None and pod.share.memory_bytes for pod in pods):
+        return try_place(draft=draft, searcher=searcher, group=group, pods=pods, pod_shapes=pod_shapes)
     start = draft.checkpoint()
     failure = try_place(draft=draft, searcher=searcher, group=group, pods=pods, pod_shapes=pod_shapes)
-    if failure is not None or not any(pod.share is not None and pod.share.memory_bytes for pod in pods):
+    if failure is not None:
         return failure
     actual = sum(
         sum(placement.share_milli) or len(placement.devices) * model.MILLI_GPU_PER_DEVICE
