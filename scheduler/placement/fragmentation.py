@@ -194,18 +194,23 @@ class FragmentationMeter:
         if total == 0:
             return 0
         acc = 0
+        # Per share size, the devices it fits and the free milli-GPU of the others (typical shapes share sizes).
+        by_share: dict[int, tuple[int, int]] = {}
         for weight, shape_cpu, shape_memory, count, milli, models in self._shapes:
             if milli == 0 or shape_cpu > cpu or shape_memory > memory or (models and model not in models):
                 acc += weight * total
                 continue
-            fitting = 0
-            small = 0
-            for free in devices:
-                if free >= milli:
-                    fitting += 1
-                else:
-                    small += free
-            acc += weight * (small if fitting >= count else total)
+            found = by_share.get(milli)
+            if found is None:
+                fitting = 0
+                small = 0
+                for free in devices:
+                    if free >= milli:
+                        fitting += 1
+                    else:
+                        small += free
+                found = by_share[milli] = (fitting, small)
+            acc += weight * (found[1] if found[0] >= count else total)
         return acc
 
 

@@ -105,9 +105,11 @@ class QueueOrder:
             return found
         leaf = name
         best: tuple[QueueKey, model.QueueName] | None = None
+        entries = self._entries
+        active = self._active
         for child in self._tree.children.get(name, ()):
-            if self._active.get(child, 0) > 0:
-                entry = self._entry(child)
+            if active.get(child, 0) > 0:
+                entry = entries.get(child) or self._entry(child)  # most are kept: asked after every group tried
                 if best is None or entry[0] < best[0]:
                     best = entry
         if best is not None:
@@ -118,9 +120,11 @@ class QueueOrder:
     def next(self) -> model.QueueName | None:
         """The leaf to serve next, or None when no leaf has work left."""
         best: tuple[QueueKey, model.QueueName] | None = None
+        entries = self._entries
+        active = self._active
         for name in self._tree.roots:
-            if self._active.get(name, 0) > 0:
-                entry = self._entry(name)
+            if active.get(name, 0) > 0:
+                entry = entries.get(name) or self._entry(name)
                 if best is None or entry[0] < best[0]:
                     best = entry
         return None if best is None else best[1]
