@@ -90,6 +90,8 @@ class Cycle:
         self.scene: roomscene.Scene | None = None
         self._leaving: dict[model.NodeName, list[tuple[model.Group, model.Pod]]] | None = None
         """Running pods already leaving, by node (built on first use)."""
+        self._unnominated: set[model.GroupId] = set()
+        """Groups with no pod nominated to a node (``_leaving_for``: the snapshot's groups do not change in a cycle)."""
         self._released: set[model.NodeName] = set()
         """Nodes whose leaving pods a nominated group's held room counted as gone this cycle (then blocked)."""
         self.pod_shapes: dict[model.PodUid, shapes.Shape] = {}
@@ -418,8 +420,11 @@ class Cycle:
     def _leaving_for(self, group: model.Group) -> status.Status | None:
         """A group nominated to nodes where evicted pods are still leaving waits for them (KAI's pipelining: the room
         being released is its), and makes no room again; None when it is not such a group."""
+        if group.id in self._unnominated:
+            return None  # asked for every failed group by each room-making action
         nominated = {pod.nominated_node for pod in group.members if pod.nominated_node is not None}
         if not nominated:
+            self._unnominated.add(group.id)
             return None
         if self._leaving is None:
             self._leaving = {}

@@ -8,7 +8,6 @@ did not act, its reason (in numbers) is added.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 from common.resources import Resources
@@ -64,28 +63,31 @@ def failure_status(
     """The status of a group whose minimum did not fit (``pod_shapes`` in the minimum's order); ``held`` and
     ``fair`` are its queue's, ``everyone`` what all queues hold, ``refusal`` why reclaim did not act. One explainer
     serves one cycle's end state: the same ``held`` and ``fair`` for every group of a queue, the same ``everyone``."""
-    explain = functools.partial(
-        _failure_status,
-        explainer,
-        group=group,
-        minimum=minimum,
-        pod_shapes=pod_shapes,
-        amounts=amounts,
-        held=held,
-        fair=fair,
-        everyone=everyone,
-        refusal=refusal,
-    )
+
+    def explain() -> status.Status:
+        return _failure_status(
+            explainer,
+            group=group,
+            minimum=minimum,
+            pod_shapes=pod_shapes,
+            amounts=amounts,
+            held=held,
+            fair=fair,
+            everyone=everyone,
+            refusal=refusal,
+        )
+
     if len(minimum) != 1:
         return explain()
     # ``held``, ``fair`` and ``everyone`` are the queue's and the cycle's (fixed once statuses are written).
     key = (pod_shapes[0], group.queue, amounts, refusal)
     pod_text = diagnosis.describe_pod(minimum[0]) + diagnosis.gpu_model_hint(pod_shapes[0])
-    if key not in explainer.alone:
+    try:
+        kept = explainer.alone[key]  # a backlog's groups alike but for their names: nearly always there
+    except KeyError:
         found = explain()
         explainer.alone[key] = _around(found, pod_text)
         return found
-    kept = explainer.alone[key]
     if kept is None:
         return explain()
     reason, head, tail, detail = kept
