@@ -36,8 +36,10 @@ which node the walk finds ready first depends on each node's own candidates only
 of a lower bound kept for the whole cycle, each walked alone, until no node can come before the best one found. It
 ends where the walk's first step ends (the same pool evicted, the same reservation), or finds that no node would be
 ready (the walk fails, and the reason it would leave is left: the action's last refusal in the window, ``Listed``);
-where the walk would go on past its first step, it walks from the start. The precheck above is not asked then: the
-bounds answer a cluster without room as fast.
+where the walk would go on past its first step, it walks from the start, but for an action whose ``eligible`` never
+changes its answer (``Listed.static``: consolidation without a min-runtime), whose later steps are found node by node
+too while each evicts only groups that run on its node alone. The precheck above is not asked then: the bounds
+answer a cluster without room as fast.
 
 A walk whose candidates are ``Listed`` pools none on a node that would not gain room even with every candidate of
 its window on it gone (``_Search._hopeless``): such a pool would never be used, and on a full cluster most nodes a
