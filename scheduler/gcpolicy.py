@@ -21,7 +21,8 @@ busy cycle's end (0.04-0.09 s each) found nothing to free.
 
 **What a cycle keeps is frozen, not collected** (``gc.freeze`` once the young generation holds
 ``YOUNG_AT_CYCLE_END`` objects at a cycle's end). Frozen objects are left out of every collection but are freed by
-reference counting as usual: only cyclic garbage among them (an exception's traceback, say) waits, for a full
+reference counting as usual: only cyclic garbage among them (an exception's traceback, say; the engine makes no
+reference cycles, and a test holds it to that: ``tests/unit/placement/test_engine_garbage.py``) waits, for a full
 collection of everything (``gc.unfreeze`` first) after ``FULL_EVERY`` such cycles, the cadence at which CPython's
 thresholds would make one. Without the freeze the survivors would pile up in the middle generation, whose collection
 (every 20 young ones) walked up to two million objects, 0.3-0.5 s in one cycle. The full collection belongs to the
