@@ -26,7 +26,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 
 from common.resources import Resources
 from scheduler.placement import capacity, freeing, model, victims
@@ -121,6 +121,8 @@ class Earliest:
         evicted: Collection[model.PodUid],
         queues: Collection[model.QueueName],
         start: int = 0,
+        *,
+        never: Callable[[model.NodeName], bool] | None = None,
     ) -> None:
         """``queues``: only their units count (an action's candidates: the tighter the bound, the fewer nodes an
         attempt looks at). ``start``: the units before it have every pod evicted (an attempt's first live unit), so
@@ -142,6 +144,11 @@ class Earliest:
         self._every = all(queue in queues for queue in positions.by_queue)
         """Every unit of the list is of one of ``queues`` (consolidation's candidates): a sweep reads them in turn."""
         self._on_node: dict[model.NodeName, list[int]] = {}
+        self._never = never
+        """True for a node no attempt using these bounds can find ready (an attempt's window whose every unit on the
+        node gone would not give it room): such a node gets no bound, whatever its units (asked once per node while
+        it stays as it is)."""
+        self._hopeless: dict[model.NodeName, bool] = {}
         self._epoch = cap.changes_epoch
         self._seen = len(cap.changes)
 
@@ -181,7 +188,8 @@ class Earliest:
         if old is not None:
             del self.ready[bisect.bisect_left(self.ready, (old, name))]
         self._leaving.pop(name, None)
-        if not self._room.usable(name):
+        self._hopeless.pop(name, None)
+        if not self._room.usable(name) or self._passed(name):
             return
         frontier = self.frontier
         units = self.positions.units
@@ -226,8 +234,18 @@ class Earliest:
             if not live:
                 continue
             for name in room.nodes_of(live):
-                if name not in at:
+                if name not in at and not self._passed(name):
                     self._add(name, position, live)
+
+    def _passed(self, name: model.NodeName) -> bool:
+        """Is the node one ``never`` says no attempt can find ready?"""
+        never = self._never
+        if never is None:
+            return False
+        known = self._hopeless.get(name)
+        if known is None:
+            known = self._hopeless[name] = never(name)
+        return known
 
     def done(self) -> bool:
         return self.frontier >= len(self.positions.units)

@@ -404,11 +404,21 @@ class _Search:
         listed = self.listed
         if listed is None:
             return False
-        bounds = self.scene.earliest(listed.key, listed.units, self.wanted, listed.queues, self.room, listed.start)
-        positions = bounds.positions
         window = self.window
         assert window is not None  # set with ``listed``, from the same candidates: the window's end
         end = window[1]
+        # Consolidation's bounds (every queue's units) pass the nodes its window cannot make ready: the nodes of a
+        # full cluster's window mostly (bounds for one window: they serve one attempt of a shape a cycle anyway).
+        bounds = self.scene.earliest(
+            listed.key,
+            listed.units,
+            self.wanted,
+            listed.queues,
+            self.room,
+            listed.start,
+            window_end=end if listed.every_queue else None,
+        )
+        positions = bounds.positions
         units = listed.units
         limit = self.scene.snapshot.config.consolidation_max_moves if self.moves else self.max_units
         while True:

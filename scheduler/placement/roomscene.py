@@ -8,10 +8,11 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Hashable, Iterator, Mapping, Sequence
 
 from common.resources import Resources
 from scheduler.placement import (
+    capacity,
     earliest,
     fairshare,
     freeing,
@@ -54,13 +55,9 @@ class Scene:
     kinds: dict[int, Hashable] = dataclasses.field(default_factory=dict)
     """An action's ``Listed.alike`` key per unit (by id) with no pod evicted, kept for the cycle."""
     _kind_numbers: dict[Hashable, int] = dataclasses.field(default_factory=dict)
-    _window_free: dict[model.NodeName, tuple[object, tuple[object, ...], freeing.Free]] = dataclasses.field(
-        default_factory=dict
-    )
+    _window_free: WindowFreeCache = dataclasses.field(default_factory=dict)
     _positions: dict[object, earliest.Positions] = dataclasses.field(default_factory=dict)
-    _earliest: dict[
-        tuple[object, frozenset[tuple[shapes.Shape, int]], frozenset[model.QueueName]], earliest.Earliest
-    ] = dataclasses.field(default_factory=dict)
+    _earliest: dict[tuple[object, ...], earliest.Earliest] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._victims = roombounds.VictimLists(self.draft, self.units)
@@ -82,15 +79,31 @@ class Scene:
         queues: frozenset[model.QueueName],
         room: freeing.Room,
         start: int,
+        window_end: int | None = None,
     ) -> earliest.Earliest:
         """The bounds of ``earliest`` for the list ``key`` (``units``), the units of ``queues`` and a minimum of
         ``wanted`` shapes, kept for the rest of the cycle and brought up to date with its changes; ``start``: the
-        asking attempt's first live unit."""
+        asking attempt's first live unit. With ``window_end``, bounds for the attempts whose window is ``start`` to
+        ``window_end`` only, which pass the nodes no pool of that window could make ready (``Earliest``'s
+        ``never``)."""
         positions = self.positions(key, units)
-        found = self._earliest.get((key, wanted, queues))
+        cache_key: tuple[object, ...] = (key, wanted, queues)
+        never: Callable[[model.NodeName], bool] | None = None
+        if window_end is not None:
+            cache_key = (key, wanted, queues, start, window_end)
+            listed = Listed(key=key, units=units, start=start, queues=queues)
+            # What the bounds keep must not reach back to the scene (it holds them): no reference cycle outlives a
+            # cycle (the scheduler freezes what a cycle leaves instead of collecting it: ``scheduler.gcpolicy``).
+            cap, evicted, known = self.searcher.capacity, self.draft.evicted, self._window_free
+
+            def never(name: model.NodeName) -> bool:
+                free = _window_free(cap, positions, evicted, known, listed, window_end, name)
+                return room.short(name) and not room.gains_with(name, free)
+
+        found = self._earliest.get(cache_key)
         if found is None:
-            found = self._earliest[(key, wanted, queues)] = earliest.Earliest(
-                positions, room, self.searcher.capacity, self.draft.evicted, queues, start
+            found = self._earliest[cache_key] = earliest.Earliest(
+                positions, room, self.searcher.capacity, self.draft.evicted, queues, start, never=never
             )
         else:
             found.sync()
@@ -107,31 +120,15 @@ class Scene:
         """What the node would have free once every live candidate of ``listed`` before ``end`` with a pod on it left
         (``freeing.free_after``): no pool of those candidates frees more. Kept per node while the node, the list's
         start and ``end`` stay as they are (an eviction or placement there files the node under another look)."""
-        cap = self.searcher.capacity
-        work = cap.by_name[name]
-        look = cap.look_of[work.order]
-        known = self._window_free.get(name)
-        if (
-            known is not None
-            and known[0] is look
-            and known[1] == (work.free_pods, listed.key, listed.queues, listed.start, end)
-            and look is not None
-        ):
-            return known[2]
-        positions = self.positions(listed.key, listed.units).by_node.get(name, [])
-        units = listed.units
-        queues = listed.queues
-        evicted = self.draft.evicted
-        leaving = [
-            pod
-            for position in positions[bisect.bisect_left(positions, listed.start) : bisect.bisect_left(positions, end)]
-            if units[position].group.queue in queues
-            for pod in victims.live_pods(units[position], evicted)
-            if pod.node == name
-        ]
-        free = freeing.free_after(work, leaving)
-        self._window_free[name] = (look, (work.free_pods, listed.key, queues, listed.start, end), free)
-        return free
+        return _window_free(
+            self.searcher.capacity,
+            self.positions(listed.key, listed.units),
+            self.draft.evicted,
+            self._window_free,
+            listed,
+            end,
+            name,
+        )
 
     def kind(self, key: Hashable) -> int:
         """A number for ``key``, the same for equal keys for the rest of the cycle (cheap to hash and compare)."""
@@ -199,3 +196,43 @@ class Listed:
         """The candidates, in victim order."""
         queues = self.queues
         return (unit for unit in itertools.islice(self.units, self.start, None) if unit.group.queue in queues)
+
+
+WindowFreeCache = dict[model.NodeName, tuple[object, tuple[object, ...], freeing.Free]]
+"""Per node, ``Scene.window_free``'s last answer and what it depends on (the node's look, its free pod slots, the
+list, its queues, start and end)."""
+
+
+def _window_free(
+    cap: capacity.Capacity,
+    positions: Positions,
+    evicted: Container[model.PodUid],
+    known: WindowFreeCache,
+    listed: Listed,
+    end: int,
+    name: model.NodeName,
+) -> freeing.Free:
+    """``Scene.window_free``, from what it reads (kept in ``known``)."""
+    work = cap.by_name[name]
+    look = cap.look_of[work.order]
+    found = known.get(name)
+    if (
+        found is not None
+        and found[0] is look
+        and found[1] == (work.free_pods, listed.key, listed.queues, listed.start, end)
+        and look is not None
+    ):
+        return found[2]
+    on_node = positions.by_node.get(name, [])
+    units = listed.units
+    queues = listed.queues
+    leaving = [
+        pod
+        for position in on_node[bisect.bisect_left(on_node, listed.start) : bisect.bisect_left(on_node, end)]
+        if units[position].group.queue in queues
+        for pod in victims.live_pods(units[position], evicted)
+        if pod.node == name
+    ]
+    free = freeing.free_after(work, leaving)
+    known[name] = (look, (work.free_pods, listed.key, queues, listed.start, end), free)
+    return free
