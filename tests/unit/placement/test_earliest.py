@@ -26,7 +26,7 @@ from scheduler.placement import (
     shapes,
     victims,
 )
-from tests.unit.placement import builders
+from tests.unit.placement import builders, clusters
 
 NS = 1_000_000_000
 
@@ -166,29 +166,10 @@ def test_the_bounds_follow_the_cycles_changes_an_eviction_undone_before_their_st
 
 
 def test_a_consolidation_past_failed_tries_is_found_node_by_node_and_moves_as_the_walk_does() -> None:
-    """Three 2-GPU nodes: ``a`` and ``b`` on ``n0``, ``c`` (12 CPUs) on ``n1``, ``d`` (10 CPUs) on ``n2``; a 2-GPU pod
-    waits. Consolidation's walk finds ``n2`` ready first, then ``n1``: neither try can move its victim (no node has the
-    CPUs and a GPU for it); ``n0`` is ready third, and then every victim moves. Its steps are found node by node (each
-    evicts one group on its own node), with the walk's plan and statuses: ``a`` and ``b`` move, the pod is
-    nominated to ``n0``."""
-    nodes = [builders.node(f"n{index}", gpus=2, cpu=16_000, labels={"slot": f"n{index}"}) for index in range(3)]
-    snapshot = model.snapshot(nodes=nodes, queues=builders.open_queues(), groups=[], now_ns=NS)
-    for index, (uid, node, cpu) in enumerate(
-        (("a", "n0", 2000), ("b", "n0", 2000), ("c", "n1", 12000), ("d", "n2", 10000))
-    ):
-        pod = dataclasses.replace(builders.pod(uid, gpus=1, cpu=cpu, created=index), node_selector=(("slot", node),))
-        group = builders.group(uid, pod, created=index)
-        snapshot = dataclasses.replace(snapshot, groups={**snapshot.groups, group.id: group})
-        snapshot = applying.apply(snapshot, engine.Engine().run(snapshot), now_ns=(index + 2) * NS)
-    # Placed where the test wants them; free to move from now on.
-    running = {
-        gid: dataclasses.replace(
-            group, members=tuple(dataclasses.replace(pod, node_selector=()) for pod in group.members)
-        )
-        for gid, group in snapshot.groups.items()
-    }
-    waiting = builders.group("p", builders.pod("p", gpus=2, cpu=2000, created=10), created=10)
-    snapshot = dataclasses.replace(snapshot, groups={**running, waiting.id: waiting}, now_ns=10 * NS)
+    """``clusters.awaiting_consolidation``: two failed tries, then room. The steps are found node by node (each evicts
+    one group on its own node), with the walk's plan and statuses: ``a`` and ``b`` move, the pod is nominated to
+    ``n0``."""
+    snapshot = clusters.awaiting_consolidation()
 
     first_step = roommaking._Search._first_step
     steps: list[tuple[bool | None, int]] = []

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from scheduler.placement import applying, engine, model
-from tests.unit.placement import builders
+from scheduler.placement import engine
+from tests.unit.placement import clusters
 
-NS = 1_000_000_000
+NS = clusters.NS
 
 
 @pytest.fixture
@@ -29,30 +29,8 @@ def collector_off() -> Iterator[None]:
             gc.enable()
 
 
-def _full_cluster_with_a_waiting_pod() -> model.Snapshot:
-    """Three 2-GPU nodes running four one-GPU pods, the last two CPU-hungry; a 2-GPU pod waits: consolidation walks its
-    steps node by node (two failed tries, then room), reclaim and preemption look too."""
-    nodes = [builders.node(f"n{index}", gpus=2, cpu=16_000, labels={"slot": f"n{index}"}) for index in range(3)]
-    snapshot = model.snapshot(nodes=nodes, queues=builders.open_queues(), groups=[], now_ns=NS)
-    for index, (uid, node, cpu) in enumerate(
-        (("a", "n0", 2000), ("b", "n0", 2000), ("c", "n1", 12000), ("d", "n2", 10000))
-    ):
-        pod = dataclasses.replace(builders.pod(uid, gpus=1, cpu=cpu, created=index), node_selector=(("slot", node),))
-        group = builders.group(uid, pod, created=index)
-        snapshot = dataclasses.replace(snapshot, groups={**snapshot.groups, group.id: group})
-        snapshot = applying.apply(snapshot, engine.Engine().run(snapshot), now_ns=(index + 2) * NS)
-    running = {
-        gid: dataclasses.replace(
-            group, members=tuple(dataclasses.replace(pod, node_selector=()) for pod in group.members)
-        )
-        for gid, group in snapshot.groups.items()
-    }
-    waiting = builders.group("p", builders.pod("p", gpus=2, cpu=2000, created=10), created=10)
-    return dataclasses.replace(snapshot, groups={**running, waiting.id: waiting}, now_ns=10 * NS)
-
-
 def test_cycles_that_make_room_leave_no_cyclic_garbage(collector_off: None) -> None:
-    snapshot = _full_cluster_with_a_waiting_pod()
+    snapshot = clusters.awaiting_consolidation()  # consolidation, reclaim and preemption all look
     gc.collect()
     warm = engine.Engine()
     for second in range(3):
